@@ -1,0 +1,2 @@
+//! Parser throughput bench (filled in by the parser work).
+fn main() {}

@@ -1,0 +1,2 @@
+//! Parse a model response from stdin (contract: see README).
+fn main() {}

@@ -1,0 +1,1 @@
+//! Sandboxes: `LocalSandbox` (a directory + child processes) and `DockerSandbox` (feature `docker`). Work in progress.
