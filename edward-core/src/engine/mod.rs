@@ -1,0 +1,1 @@
+//! The run engine: admission, worker, agent loop, budgets, event pipeline, flush scheduler, install queue.

@@ -1,0 +1,1 @@
+//! The scripted model: replays transcripts (one per turn); the embedded default model.

@@ -1,0 +1,462 @@
+//! The traits the engine is generic over. Each has the fewest methods that let
+//! every real backend be efficient: batch event append, batch file write,
+//! lease-based claim with a fencing token.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use chrono::{DateTime, Utc};
+use futures::stream::BoxStream;
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+
+use crate::error::{AdmitError, InfraError, ModelError, QueueError, SandboxError, StoreError};
+use crate::types::*;
+
+// ---------------------------------------------------------------- RunStore
+
+/// Durable record of runs, their events, checkpoints and side effects.
+///
+/// Every mutating call after admission carries the caller's [`Fence`]; a store
+/// rejects it with [`StoreError::StaleFence`] when a newer fence started the
+/// run, checked in the same statement/transaction as the write.
+#[async_trait]
+pub trait RunStore: Send + Sync + 'static {
+    /// Check `limits` against the active (queued or running) runs and, if
+    /// admitted, insert the run `queued` with `first_event` as seq 1 — all
+    /// atomically, so concurrent submits can never exceed a limit.
+    async fn admit(&self, run: NewRun, limits: AdmissionLimits) -> Result<Run, AdmitError>;
+
+    /// The run, if it exists.
+    async fn get_run(&self, run_id: RunId) -> Result<Option<Run>, StoreError>;
+
+    /// A worker holding a lease with `fence` takes the run: sets its fence
+    /// (must be ≥ the stored one, else `StaleFence`) and status `running`
+    /// (from `queued` or `running`; a terminal run gives `Finished`).
+    async fn start_run(&self, run_id: RunId, fence: Fence) -> Result<Run, StoreError>;
+
+    /// Append `events` in order, in one transaction, assigning gap-free seqs
+    /// after the current last one. Returns the persisted events.
+    /// Fails with `Finished` after the terminal event, `StaleFence` for an old fence.
+    async fn append_events(
+        &self,
+        run_id: RunId,
+        fence: Fence,
+        events: Vec<NewEvent>,
+    ) -> Result<Vec<RunEvent>, StoreError>;
+
+    /// Set the terminal `status` and append `events` (whose last must be
+    /// `run_finished`) in one transaction. `fence` of `None` is the
+    /// out-of-band path (cancel of a queued run, reaper), which succeeds
+    /// regardless of fence but still never after another terminal event.
+    async fn finish_run(
+        &self,
+        run_id: RunId,
+        fence: Option<Fence>,
+        status: RunStatus,
+        reason: &str,
+        events: Vec<NewEvent>,
+    ) -> Result<Vec<RunEvent>, StoreError>;
+
+    /// Up to `limit` events with seq > `after_seq`, in order.
+    async fn events_after(
+        &self,
+        run_id: RunId,
+        after_seq: u64,
+        limit: usize,
+    ) -> Result<Vec<RunEvent>, StoreError>;
+
+    /// Replace the run's checkpoint.
+    async fn save_checkpoint(
+        &self,
+        run_id: RunId,
+        fence: Fence,
+        checkpoint: Checkpoint,
+    ) -> Result<(), StoreError>;
+
+    /// The newest checkpoint.
+    async fn load_checkpoint(&self, run_id: RunId) -> Result<Option<Checkpoint>, StoreError>;
+
+    /// Record that a side effect is starting. Returns the record after the
+    /// call: a new one (`attempts == 1`), or the existing one — `Completed`
+    /// (reuse its result, do not redo) or `Started` with `attempts` bumped
+    /// (the effect was interrupted; redo only if safe).
+    async fn begin_effect(
+        &self,
+        run_id: RunId,
+        fence: Fence,
+        key: &str,
+        request: serde_json::Value,
+    ) -> Result<EffectRecord, StoreError>;
+
+    /// Record a side effect's result.
+    async fn complete_effect(
+        &self,
+        run_id: RunId,
+        fence: Fence,
+        key: &str,
+        result: serde_json::Value,
+    ) -> Result<(), StoreError>;
+
+    /// Runs in `status`, oldest first (used by reapers and operators).
+    async fn list_runs(&self, status: RunStatus, limit: usize) -> Result<Vec<Run>, StoreError>;
+}
+
+// ---------------------------------------------------------------- RunQueue
+
+/// Work queue of run ids with leases.
+#[async_trait]
+pub trait RunQueue: Send + Sync + 'static {
+    /// Make `run_id` claimable (now). Enqueuing an already queued id is a no-op.
+    async fn enqueue(&self, run_id: RunId) -> Result<(), QueueError>;
+
+    /// Claim the oldest claimable job — including one whose lease expired —
+    /// for `owner` for `lease_for`. The returned fence is greater than any
+    /// fence previously issued for that run.
+    async fn claim(&self, owner: &str, lease_for: Duration) -> Result<Option<Lease>, QueueError>;
+
+    /// Extend a held lease. `LeaseLost` if it expired and was taken, or acked.
+    async fn heartbeat(&self, lease: &Lease, lease_for: Duration) -> Result<Lease, QueueError>;
+
+    /// The job is done: remove it. `LeaseLost` if not held.
+    async fn ack(&self, lease: &Lease) -> Result<(), QueueError>;
+
+    /// The attempt failed: reschedule with backoff, or dead-letter once
+    /// `policy.max_attempts` is reached. `LeaseLost` if not held.
+    async fn retry(
+        &self,
+        lease: &Lease,
+        error: &str,
+        policy: RetryPolicy,
+    ) -> Result<RetryOutcome, QueueError>;
+
+    /// Dead-lettered jobs, newest first.
+    async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, QueueError>;
+}
+
+// ---------------------------------------------------------------- Sandbox
+
+/// What to provision.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SandboxSpec {
+    /// The `project` attribute of `<edward_sandbox>`, if any.
+    pub project: Option<String>,
+    /// The `base` attribute (template/image hint), if any.
+    pub base: Option<String>,
+}
+
+/// One whole file to write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileWrite {
+    /// Where, relative to the workspace root.
+    pub path: SandboxPath,
+    /// The complete new content.
+    pub content: Bytes,
+}
+
+/// An entry of [`Sandbox::list_files`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileEntry {
+    /// Relative path.
+    pub path: String,
+    /// Size in bytes.
+    pub size: u64,
+}
+
+/// A command to execute: argv only, never a shell.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecRequest {
+    /// The program.
+    pub program: String,
+    /// Its arguments.
+    pub args: Vec<String>,
+    /// Working directory relative to the workspace root (`None` = root).
+    pub cwd: Option<SandboxPath>,
+    /// Extra environment variables.
+    pub env: Vec<(String, String)>,
+    /// Kill the process (and its children) after this long.
+    pub timeout: Duration,
+    /// Keep at most this many bytes of stdout and of stderr each.
+    pub output_cap: usize,
+}
+
+/// The outcome of [`Sandbox::exec`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecOutput {
+    /// Exit code; `None` when killed by a signal (timeout, cancel).
+    pub exit_code: Option<i32>,
+    /// Captured stdout (lossy UTF-8), at most `output_cap` bytes.
+    pub stdout: String,
+    /// Captured stderr (lossy UTF-8), at most `output_cap` bytes.
+    pub stderr: String,
+    /// Stdout bytes beyond the cap that were discarded.
+    pub stdout_truncated: u64,
+    /// Stderr bytes beyond the cap that were discarded.
+    pub stderr_truncated: u64,
+    /// Killed because the timeout passed.
+    pub timed_out: bool,
+    /// Wall time.
+    pub duration_ms: u64,
+}
+
+/// A provisioned sandbox.
+#[async_trait]
+pub trait Sandbox: Send + Sync + 'static {
+    /// Its key.
+    fn key(&self) -> &SandboxKey;
+
+    /// Where it lives, for humans (a directory, a container id).
+    fn location(&self) -> String;
+
+    /// Write whole files as one batch; each becomes visible whole (temp + rename).
+    async fn write_files(&self, files: Vec<FileWrite>) -> Result<(), SandboxError>;
+
+    /// Read one file.
+    async fn read_file(&self, path: &SandboxPath) -> Result<Bytes, SandboxError>;
+
+    /// All regular files under the workspace, sorted by path.
+    async fn list_files(&self) -> Result<Vec<FileEntry>, SandboxError>;
+
+    /// Run a command; the process and its children are killed on timeout or
+    /// when `cancel` fires (then `Err(Cancelled)`).
+    async fn exec(
+        &self,
+        request: ExecRequest,
+        cancel: CancellationToken,
+    ) -> Result<ExecOutput, SandboxError>;
+}
+
+/// Creates sandboxes; idempotent per key (a second provision reattaches).
+#[async_trait]
+pub trait SandboxProvider: Send + Sync + 'static {
+    /// Provision or reattach.
+    async fn provision(
+        &self,
+        key: &SandboxKey,
+        spec: &SandboxSpec,
+    ) -> Result<Arc<dyn Sandbox>, SandboxError>;
+
+    /// Remove the sandbox and everything in it. Destroying a missing one is Ok.
+    async fn destroy(&self, key: &SandboxKey) -> Result<(), SandboxError>;
+}
+
+// ---------------------------------------------------------------- WriteBuffer
+
+/// Debounce policy of the flush scheduler.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FlushPolicy {
+    /// Flush this long after the last write …
+    pub debounce: Duration,
+    /// … but never later than this after the first pending write.
+    pub max_wait: Duration,
+}
+
+impl Default for FlushPolicy {
+    fn default() -> Self {
+        FlushPolicy {
+            debounce: Duration::from_millis(100),
+            max_wait: Duration::from_secs(1),
+        }
+    }
+}
+
+/// A whole file waiting to be flushed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PendingFile {
+    /// Where.
+    pub path: SandboxPath,
+    /// The whole content (a later put of the same path replaces it).
+    pub content: Bytes,
+}
+
+/// Pending file bytes per sandbox plus a due-time index for the flush
+/// scheduler (never a scan of all sandboxes).
+#[async_trait]
+pub trait WriteBuffer: Send + Sync + 'static {
+    /// Add files (replacing pending ones at the same path) and set the
+    /// sandbox's due time to `min(first_pending + max_wait, now + debounce)`.
+    async fn put(
+        &self,
+        key: &SandboxKey,
+        files: Vec<PendingFile>,
+        now: DateTime<Utc>,
+        policy: FlushPolicy,
+    ) -> Result<(), InfraError>;
+
+    /// Sandboxes whose due time is ≤ `now`, earliest first, at most `limit`.
+    async fn due(&self, now: DateTime<Utc>, limit: usize) -> Result<Vec<SandboxKey>, InfraError>;
+
+    /// Atomically remove and return everything pending for `key` (and its
+    /// index entry). A failed flush puts the files back.
+    async fn take(&self, key: &SandboxKey) -> Result<Vec<PendingFile>, InfraError>;
+}
+
+// ---------------------------------------------------------------- Notifier
+
+/// Wakes tailers when new events exist and delivers cancel signals.
+/// Notifications are hints: receivers re-read the store, so a lost one only
+/// delays (the periodic backstop catches it), never loses data.
+#[async_trait]
+pub trait Notifier: Send + Sync + 'static {
+    /// Events up to `last_seq` exist for `run_id`.
+    async fn notify_events(&self, run_id: RunId, last_seq: u64) -> Result<(), InfraError>;
+
+    /// A stream of `last_seq` hints for `run_id`.
+    async fn subscribe_events(&self, run_id: RunId) -> Result<BoxStream<'static, u64>, InfraError>;
+
+    /// Ask whoever runs `run_id` to cancel it.
+    async fn notify_cancel(&self, run_id: RunId) -> Result<(), InfraError>;
+
+    /// All cancel requests from now on.
+    async fn subscribe_cancels(&self) -> Result<BoxStream<'static, RunId>, InfraError>;
+}
+
+// ---------------------------------------------------------------- Lock
+
+/// A held lock.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LockGuard {
+    /// Lock name.
+    pub name: String,
+    /// Holder.
+    pub owner: String,
+    /// Unique per acquisition; release/renew compare it.
+    pub token: String,
+}
+
+/// Owner-checked lease lock with renewal.
+#[async_trait]
+pub trait Lock: Send + Sync + 'static {
+    /// Take `name` for `ttl` if free (or expired). `None` if held by someone else.
+    async fn try_acquire(
+        &self,
+        name: &str,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<Option<LockGuard>, InfraError>;
+
+    /// Extend; `false` if the guard no longer holds the lock.
+    async fn renew(&self, guard: &LockGuard, ttl: Duration) -> Result<bool, InfraError>;
+
+    /// Release; `false` if the guard no longer held it (nothing is released then).
+    async fn release(&self, guard: &LockGuard) -> Result<bool, InfraError>;
+}
+
+// ---------------------------------------------------------------- Model
+
+/// Who said a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// The user (and tool results fed back).
+    User,
+    /// The model.
+    Assistant,
+}
+
+/// One message of the conversation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Message {
+    /// Who.
+    pub role: Role,
+    /// Text.
+    pub content: String,
+}
+
+/// A completion request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelRequest {
+    /// Model name as the provider knows it.
+    pub model: String,
+    /// System prompt.
+    pub system: String,
+    /// The conversation so far.
+    pub messages: Vec<Message>,
+    /// Output cap.
+    pub max_output_tokens: Option<u32>,
+    /// Sampling temperature.
+    pub temperature: Option<f32>,
+}
+
+/// Token usage of one call.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    /// Prompt tokens.
+    pub input_tokens: u64,
+    /// Completion tokens.
+    pub output_tokens: u64,
+    /// True when counted by Edward rather than reported by the provider.
+    pub estimated: bool,
+}
+
+/// Why the model stopped.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// Natural stop.
+    Stop,
+    /// Output token cap.
+    Length,
+    /// Safety filter.
+    ContentFilter,
+    /// Anything else the provider said.
+    Other(String),
+}
+
+/// One item of a model stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ModelChunk {
+    /// Output text (fed to the parser).
+    Text(String),
+    /// Provider-native reasoning text (recorded as thinking, not parsed).
+    Thinking(String),
+    /// Usage, usually once near the end.
+    Usage(Usage),
+    /// The stream's end reason.
+    Finish(FinishReason),
+}
+
+/// A streaming completion.
+pub type ModelStream = BoxStream<'static, Result<ModelChunk, ModelError>>;
+
+/// Streams completions. Implementations race `cancel` against connect and
+/// every read, and retry only before the first byte.
+#[async_trait]
+pub trait ModelClient: Send + Sync + 'static {
+    /// Provider name for events and logs (`scripted`, `openai`, …).
+    fn provider(&self) -> &str;
+
+    /// Start streaming.
+    async fn stream(
+        &self,
+        request: ModelRequest,
+        cancel: CancellationToken,
+    ) -> Result<ModelStream, ModelError>;
+}
+
+// ---------------------------------------------------------------- WebSearch
+
+/// One search hit.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SearchResult {
+    /// Title.
+    pub title: String,
+    /// URL.
+    pub url: String,
+    /// Snippet (capped).
+    pub snippet: String,
+}
+
+/// Web search tool.
+#[async_trait]
+pub trait WebSearch: Send + Sync + 'static {
+    /// Search; `max_results` is already clamped to 1..=8.
+    async fn search(
+        &self,
+        query: &str,
+        max_results: u8,
+        cancel: CancellationToken,
+    ) -> Result<Vec<SearchResult>, InfraError>;
+}
