@@ -9,6 +9,7 @@
 
 mod error;
 mod path;
+pub mod pricing;
 mod traits;
 mod types;
 
