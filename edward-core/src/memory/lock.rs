@@ -1,0 +1,90 @@
+//! [`MemoryLock`]: owner-checked lease locks in memory.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+use super::{add_duration, lock_state};
+use crate::error::InfraError;
+use crate::traits::{Lock, LockGuard};
+
+/// An in-memory [`Lock`]: each acquisition gets a fresh UUID token; a lock
+/// whose ttl passed is free (and its old guard can neither renew nor
+/// release it), like a Redis key with a PX expiry.
+#[derive(Debug, Default)]
+pub struct MemoryLock {
+    held: Mutex<HashMap<String, Held>>,
+}
+
+#[derive(Debug)]
+struct Held {
+    token: String,
+    expires_at: DateTime<Utc>,
+}
+
+impl MemoryLock {
+    /// No locks held.
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+/// Whether `guard` currently holds its lock in `held`.
+fn holds(held: &HashMap<String, Held>, guard: &LockGuard, now: DateTime<Utc>) -> bool {
+    held.get(&guard.name)
+        .is_some_and(|h| h.token == guard.token && h.expires_at > now)
+}
+
+#[async_trait]
+impl Lock for MemoryLock {
+    async fn try_acquire(
+        &self,
+        name: &str,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<Option<LockGuard>, InfraError> {
+        let mut held = lock_state(&self.held);
+        let now = Utc::now();
+        if held.get(name).is_some_and(|h| h.expires_at > now) {
+            return Ok(None);
+        }
+        let token = Uuid::new_v4().to_string();
+        held.insert(
+            name.to_owned(),
+            Held {
+                token: token.clone(),
+                expires_at: add_duration(now, ttl),
+            },
+        );
+        Ok(Some(LockGuard {
+            name: name.to_owned(),
+            owner: owner.to_owned(),
+            token,
+        }))
+    }
+
+    async fn renew(&self, guard: &LockGuard, ttl: Duration) -> Result<bool, InfraError> {
+        let mut held = lock_state(&self.held);
+        let now = Utc::now();
+        if !holds(&held, guard, now) {
+            return Ok(false);
+        }
+        if let Some(h) = held.get_mut(&guard.name) {
+            h.expires_at = add_duration(now, ttl);
+        }
+        Ok(true)
+    }
+
+    async fn release(&self, guard: &LockGuard) -> Result<bool, InfraError> {
+        let mut held = lock_state(&self.held);
+        if !holds(&held, guard, Utc::now()) {
+            return Ok(false);
+        }
+        held.remove(&guard.name);
+        Ok(true)
+    }
+}

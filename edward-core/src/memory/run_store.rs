@@ -1,0 +1,439 @@
+//! [`MemoryRunStore`]: runs, events, checkpoints and effect records in memory.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Mutex;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+
+use super::lock_state;
+use crate::error::{AdmissionError, AdmitError, StoreError};
+use crate::traits::RunStore;
+use crate::types::{
+    AdmissionLimits, Checkpoint, EffectRecord, EffectState, Fence, NewEvent, NewRun, RUN_FINISHED,
+    Run, RunEvent, RunId, RunStatus,
+};
+
+/// An in-memory [`RunStore`].
+///
+/// All state sits behind one mutex that is never held across an `.await`, so
+/// every operation — admission check-and-insert in particular — is atomic.
+/// Active-run counters (global, per user, per chat) are maintained on admit
+/// and finish, so admission is O(1) rather than a scan.
+///
+/// Beyond the trait contract this store also refuses, with a permanent
+/// [`StoreError::Backend`], a `run_finished` event passed to
+/// [`RunStore::append_events`] and a [`RunStore::finish_run`] batch whose
+/// last event is not `run_finished`: a run has exactly one terminal event,
+/// and it is its last.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use edward_core::memory::MemoryRunStore;
+/// use edward_core::{AdmissionLimits, NewEvent, NewRun, RunId, RunStore, RunStatus};
+///
+/// let store = MemoryRunStore::new();
+/// let run = store
+///     .admit(
+///         NewRun {
+///             id: RunId::new(),
+///             user_id: "u".into(),
+///             chat_id: "c".into(),
+///             request: serde_json::json!({}),
+///             first_event: NewEvent::new("run_queued", serde_json::json!({})),
+///         },
+///         AdmissionLimits::default(),
+///     )
+///     .await?;
+/// assert_eq!(run.status, RunStatus::Queued);
+/// assert_eq!(run.last_seq, 1);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Default)]
+pub struct MemoryRunStore {
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    runs: HashMap<RunId, Entry>,
+    /// `(created_at, id)` per status, for `list_runs` without a scan.
+    by_status: HashMap<RunStatus, BTreeSet<(DateTime<Utc>, RunId)>>,
+    active_global: u32,
+    active_per_user: HashMap<String, u32>,
+    active_per_chat: HashMap<String, u32>,
+}
+
+#[derive(Debug)]
+struct Entry {
+    run: Run,
+    /// `events[i].seq == i + 1`.
+    events: Vec<RunEvent>,
+    checkpoint: Option<Checkpoint>,
+    effects: HashMap<String, EffectRecord>,
+}
+
+impl MemoryRunStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+impl State {
+    fn entry_mut(&mut self, run_id: RunId) -> Result<&mut Entry, StoreError> {
+        self.runs
+            .get_mut(&run_id)
+            .ok_or(StoreError::NotFound { run_id })
+    }
+
+    fn set_status(
+        &mut self,
+        run_id: RunId,
+        from: RunStatus,
+        to: RunStatus,
+        created: DateTime<Utc>,
+    ) {
+        if from == to {
+            return;
+        }
+        if let Some(set) = self.by_status.get_mut(&from) {
+            set.remove(&(created, run_id));
+        }
+        self.by_status
+            .entry(to)
+            .or_default()
+            .insert((created, run_id));
+    }
+
+    fn release_active(&mut self, user_id: &str, chat_id: &str) {
+        self.active_global = self.active_global.saturating_sub(1);
+        decrement(&mut self.active_per_user, user_id);
+        decrement(&mut self.active_per_chat, chat_id);
+    }
+}
+
+fn decrement(map: &mut HashMap<String, u32>, key: &str) {
+    if let Some(n) = map.get_mut(key) {
+        *n = n.saturating_sub(1);
+        if *n == 0 {
+            map.remove(key);
+        }
+    }
+}
+
+/// `StaleFence` when `given` is older than the run's fence.
+fn check_fence(run: &Run, given: Fence) -> Result<(), StoreError> {
+    if given < run.fence {
+        return Err(StoreError::StaleFence {
+            run_id: run.id,
+            given,
+            current: run.fence,
+        });
+    }
+    Ok(())
+}
+
+fn check_not_finished(run: &Run) -> Result<(), StoreError> {
+    if run.status.is_terminal() {
+        return Err(StoreError::Finished { run_id: run.id });
+    }
+    Ok(())
+}
+
+/// Assign seqs after the entry's last one and push the events.
+fn push_events(entry: &mut Entry, events: Vec<NewEvent>, at: DateTime<Utc>) -> Vec<RunEvent> {
+    let run_id = entry.run.id;
+    let mut persisted = Vec::with_capacity(events.len());
+    for event in events {
+        let seq = entry.events.len() as u64 + 1;
+        let event = RunEvent {
+            run_id,
+            seq,
+            kind: event.kind,
+            at,
+            payload: event.payload,
+        };
+        entry.events.push(event.clone());
+        persisted.push(event);
+    }
+    entry.run.last_seq = entry.events.len() as u64;
+    if !persisted.is_empty() {
+        entry.run.updated_at = at;
+    }
+    persisted
+}
+
+#[async_trait]
+impl RunStore for MemoryRunStore {
+    async fn admit(&self, run: NewRun, limits: AdmissionLimits) -> Result<Run, AdmitError> {
+        let mut state = lock_state(&self.state);
+        if state.runs.contains_key(&run.id) {
+            return Err(StoreError::AlreadyExists { run_id: run.id }.into());
+        }
+        let chat = state
+            .active_per_chat
+            .get(&run.chat_id)
+            .copied()
+            .unwrap_or(0);
+        if chat >= limits.per_chat {
+            tracing::debug!(run_id = %run.id, chat = chat, "admission rejected: chat limit");
+            return Err(AdmissionError::ChatLimit {
+                limit: limits.per_chat,
+            }
+            .into());
+        }
+        let user = state
+            .active_per_user
+            .get(&run.user_id)
+            .copied()
+            .unwrap_or(0);
+        if user >= limits.per_user {
+            tracing::debug!(run_id = %run.id, user = user, "admission rejected: user limit");
+            return Err(AdmissionError::UserLimit {
+                limit: limits.per_user,
+            }
+            .into());
+        }
+        if state.active_global >= limits.global {
+            tracing::debug!(run_id = %run.id, "admission rejected: global limit");
+            return Err(AdmissionError::GlobalLimit {
+                limit: limits.global,
+            }
+            .into());
+        }
+
+        let now = Utc::now();
+        let stored = Run {
+            id: run.id,
+            user_id: run.user_id,
+            chat_id: run.chat_id,
+            status: RunStatus::Queued,
+            request: run.request,
+            fence: Fence(0),
+            last_seq: 0,
+            created_at: now,
+            updated_at: now,
+            finished_at: None,
+            terminal_reason: None,
+        };
+        let mut entry = Entry {
+            run: stored,
+            events: Vec::new(),
+            checkpoint: None,
+            effects: HashMap::new(),
+        };
+        push_events(&mut entry, vec![run.first_event], now);
+        let result = entry.run.clone();
+
+        state.active_global += 1;
+        *state
+            .active_per_user
+            .entry(result.user_id.clone())
+            .or_default() += 1;
+        *state
+            .active_per_chat
+            .entry(result.chat_id.clone())
+            .or_default() += 1;
+        state
+            .by_status
+            .entry(RunStatus::Queued)
+            .or_default()
+            .insert((now, result.id));
+        state.runs.insert(result.id, entry);
+        Ok(result)
+    }
+
+    async fn get_run(&self, run_id: RunId) -> Result<Option<Run>, StoreError> {
+        let state = lock_state(&self.state);
+        Ok(state.runs.get(&run_id).map(|e| e.run.clone()))
+    }
+
+    async fn start_run(&self, run_id: RunId, fence: Fence) -> Result<Run, StoreError> {
+        let mut state = lock_state(&self.state);
+        let entry = state.entry_mut(run_id)?;
+        check_not_finished(&entry.run)?;
+        check_fence(&entry.run, fence)?;
+        let from = entry.run.status;
+        let created = entry.run.created_at;
+        entry.run.fence = fence;
+        entry.run.status = RunStatus::Running;
+        entry.run.updated_at = Utc::now();
+        let run = entry.run.clone();
+        state.set_status(run_id, from, RunStatus::Running, created);
+        Ok(run)
+    }
+
+    async fn append_events(
+        &self,
+        run_id: RunId,
+        fence: Fence,
+        events: Vec<NewEvent>,
+    ) -> Result<Vec<RunEvent>, StoreError> {
+        let mut state = lock_state(&self.state);
+        let entry = state.entry_mut(run_id)?;
+        check_not_finished(&entry.run)?;
+        check_fence(&entry.run, fence)?;
+        if events.iter().any(|e| e.kind == RUN_FINISHED) {
+            return Err(StoreError::permanent(format!(
+                "run {run_id}: `{RUN_FINISHED}` may only be appended by finish_run"
+            )));
+        }
+        Ok(push_events(entry, events, Utc::now()))
+    }
+
+    async fn finish_run(
+        &self,
+        run_id: RunId,
+        fence: Option<Fence>,
+        status: RunStatus,
+        reason: &str,
+        events: Vec<NewEvent>,
+    ) -> Result<Vec<RunEvent>, StoreError> {
+        let mut state = lock_state(&self.state);
+        let entry = state.entry_mut(run_id)?;
+        check_not_finished(&entry.run)?;
+        if let Some(fence) = fence {
+            check_fence(&entry.run, fence)?;
+        }
+        if !status.is_terminal() {
+            return Err(StoreError::InvalidTransition {
+                run_id,
+                from: entry.run.status,
+                to: status,
+            });
+        }
+        if events.last().map(|e| e.kind.as_str()) != Some(RUN_FINISHED)
+            || events[..events.len() - 1]
+                .iter()
+                .any(|e| e.kind == RUN_FINISHED)
+        {
+            return Err(StoreError::permanent(format!(
+                "run {run_id}: finish_run needs exactly one `{RUN_FINISHED}` event, last"
+            )));
+        }
+        let now = Utc::now();
+        let from = entry.run.status;
+        let created = entry.run.created_at;
+        entry.run.status = status;
+        entry.run.finished_at = Some(now);
+        entry.run.terminal_reason = Some(reason.to_owned());
+        let persisted = push_events(entry, events, now);
+        entry.run.updated_at = now;
+        let (user_id, chat_id) = (entry.run.user_id.clone(), entry.run.chat_id.clone());
+        state.set_status(run_id, from, status, created);
+        state.release_active(&user_id, &chat_id);
+        Ok(persisted)
+    }
+
+    async fn events_after(
+        &self,
+        run_id: RunId,
+        after_seq: u64,
+        limit: usize,
+    ) -> Result<Vec<RunEvent>, StoreError> {
+        let state = lock_state(&self.state);
+        let entry = state
+            .runs
+            .get(&run_id)
+            .ok_or(StoreError::NotFound { run_id })?;
+        let start = usize::try_from(after_seq).unwrap_or(usize::MAX);
+        Ok(entry
+            .events
+            .get(start..)
+            .unwrap_or_default()
+            .iter()
+            .take(limit)
+            .cloned()
+            .collect())
+    }
+
+    async fn save_checkpoint(
+        &self,
+        run_id: RunId,
+        fence: Fence,
+        checkpoint: Checkpoint,
+    ) -> Result<(), StoreError> {
+        let mut state = lock_state(&self.state);
+        let entry = state.entry_mut(run_id)?;
+        check_fence(&entry.run, fence)?;
+        entry.checkpoint = Some(checkpoint);
+        Ok(())
+    }
+
+    async fn load_checkpoint(&self, run_id: RunId) -> Result<Option<Checkpoint>, StoreError> {
+        let state = lock_state(&self.state);
+        let entry = state
+            .runs
+            .get(&run_id)
+            .ok_or(StoreError::NotFound { run_id })?;
+        Ok(entry.checkpoint.clone())
+    }
+
+    async fn begin_effect(
+        &self,
+        run_id: RunId,
+        fence: Fence,
+        key: &str,
+        request: serde_json::Value,
+    ) -> Result<EffectRecord, StoreError> {
+        let mut state = lock_state(&self.state);
+        let entry = state.entry_mut(run_id)?;
+        check_fence(&entry.run, fence)?;
+        let record = entry
+            .effects
+            .entry(key.to_owned())
+            .and_modify(|r| {
+                if r.state == EffectState::Started {
+                    r.attempts = r.attempts.saturating_add(1);
+                }
+            })
+            .or_insert_with(|| EffectRecord {
+                key: key.to_owned(),
+                state: EffectState::Started,
+                request,
+                result: None,
+                attempts: 1,
+            });
+        Ok(record.clone())
+    }
+
+    async fn complete_effect(
+        &self,
+        run_id: RunId,
+        fence: Fence,
+        key: &str,
+        result: serde_json::Value,
+    ) -> Result<(), StoreError> {
+        let mut state = lock_state(&self.state);
+        let entry = state.entry_mut(run_id)?;
+        check_fence(&entry.run, fence)?;
+        let record = entry
+            .effects
+            .entry(key.to_owned())
+            .or_insert_with(|| EffectRecord {
+                key: key.to_owned(),
+                state: EffectState::Started,
+                request: serde_json::Value::Null,
+                result: None,
+                attempts: 1,
+            });
+        record.state = EffectState::Completed;
+        record.result = Some(result);
+        Ok(())
+    }
+
+    async fn list_runs(&self, status: RunStatus, limit: usize) -> Result<Vec<Run>, StoreError> {
+        let state = lock_state(&self.state);
+        let Some(set) = state.by_status.get(&status) else {
+            return Ok(Vec::new());
+        };
+        Ok(set
+            .iter()
+            .take(limit)
+            .filter_map(|(_, id)| state.runs.get(id).map(|e| e.run.clone()))
+            .collect())
+    }
+}
