@@ -1,1 +1,104 @@
-//! Sandboxes: `LocalSandbox` (a directory + child processes) and `DockerSandbox` (feature `docker`). Work in progress.
+//! Edward sandboxes: where a run's files are written and its commands run.
+//!
+//! This crate provides [`LocalSandboxProvider`], which implements
+//! [`edward_core::SandboxProvider`] with one directory per sandbox under a root
+//! directory and plain child processes. It is the embedded default: no daemon,
+//! no container runtime, nothing to install.
+//!
+//! # Not a security boundary
+//!
+//! **`LocalSandbox` is a development sandbox. It does not isolate anything.**
+//! Commands run as the same user as the host process, with that user's file
+//! system, network and resources. What it does guarantee is hygiene, not
+//! containment:
+//!
+//! - file paths given to [`Sandbox::write_files`](edward_core::Sandbox::write_files),
+//!   [`read_file`](edward_core::Sandbox::read_file) and `exec`'s `cwd` stay inside
+//!   the workspace, including through symlinks (a symlink that resolves outside
+//!   is refused, a symlink target is replaced, never written through);
+//! - commands run with argv only (no shell), a cleared environment plus an
+//!   allowlist, stdin closed, in a fresh process group that is killed as a whole
+//!   on timeout, cancellation, or when the command exits, so no process outlives
+//!   its `exec` and no stray background job keeps running;
+//! - captured output is capped; the bytes beyond the cap are counted, not kept.
+//!
+//! A command can still read or write anything the host user can (`cat /etc/passwd`,
+//! `rm -rf ~`). Run untrusted model output in a Docker sandbox (planned, behind
+//! the `docker` feature) or inside a container/VM of your own.
+//!
+//! # Semantics
+//!
+//! - **Workspace directory.** The directory name is derived from the
+//!   [`SandboxKey`](edward_core::SandboxKey): a sanitised prefix (ASCII letters,
+//!   digits, `-`, `_`; at most 48 characters) plus a stable 64-bit FNV-1a hash of
+//!   the whole key, so any key (`../../x`, `/etc`, the empty string) stays one
+//!   level under the root, distinct keys do not collide by sanitising, and the
+//!   name is the same across processes (reattach after a restart works).
+//! - **Writes.** Each file is written whole to a temporary file in its target
+//!   directory, then renamed over the target, so readers see the old or the new
+//!   content, never a mix. A batch is a sequence of such writes in order: it is
+//!   **not atomic as a whole** (a failure midway leaves the earlier files
+//!   written); the engine only relies on per-file atomicity and re-writes whole
+//!   batches on retry. `fsync` is off by default: a workspace is a scratch copy
+//!   that the engine can rebuild from the run's recorded writes, the rename
+//!   already gives atomic visibility to concurrent readers, and an `fsync` per
+//!   file (plus one per directory) costs milliseconds each on many file systems,
+//!   which would stall a turn that writes hundreds of files. Turn it on with
+//!   [`LocalSandboxConfig::sync_writes`] when the workspace itself must survive
+//!   a power loss.
+//! - **Listing.** Regular files only (symlinks, sockets and the like are
+//!   skipped, so a listing never leaves the workspace), sorted by path bytes, at
+//!   most [`LocalSandboxConfig::list_cap`] entries (default 10,000). The walk
+//!   visits directories in exactly that order, so a capped listing is the
+//!   deterministic prefix of the full one; hitting the cap is logged.
+//!   In-flight temporary files (`.edward-tmp-*`) are not listed.
+//! - **Exec.** See [`LocalSandbox`] for the process model.
+//!
+//! # Example
+//!
+//! ```
+//! use edward_core::{ExecRequest, FileWrite, SandboxKey, SandboxPath, SandboxProvider, SandboxSpec};
+//! use edward_sandbox::LocalSandboxProvider;
+//! use std::time::Duration;
+//! use tokio_util::sync::CancellationToken;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let root = tempfile::tempdir()?;
+//! let provider = LocalSandboxProvider::new(root.path());
+//! let sandbox = provider
+//!     .provision(&SandboxKey("run-1".into()), &SandboxSpec::default())
+//!     .await?;
+//! sandbox
+//!     .write_files(vec![FileWrite {
+//!         path: SandboxPath::new("src/hello.txt")?,
+//!         content: "hi".into(),
+//!     }])
+//!     .await?;
+//! let out = sandbox
+//!     .exec(
+//!         ExecRequest {
+//!             program: "cat".into(),
+//!             args: vec!["src/hello.txt".into()],
+//!             cwd: None,
+//!             env: vec![],
+//!             timeout: Duration::from_secs(10),
+//!             output_cap: 64 * 1024,
+//!         },
+//!         CancellationToken::new(),
+//!     )
+//!     .await?;
+//! assert_eq!(out.exit_code, Some(0));
+//! assert_eq!(out.stdout, "hi");
+//! # Ok(())
+//! # }
+//! ```
+#![deny(missing_docs)]
+
+mod config;
+mod exec;
+mod fs;
+mod local;
+
+pub use config::LocalSandboxConfig;
+pub use local::{LocalSandbox, LocalSandboxProvider};
