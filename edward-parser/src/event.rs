@@ -125,6 +125,117 @@ impl Event {
     }
 }
 
+impl Event {
+    /// The JSON form of PROTOCOL.md §7 (`type` first, optional fields
+    /// omitted), byte-identical to what `serde_json` produces with the `serde`
+    /// feature, but always available.
+    ///
+    /// ```
+    /// use edward_parser::Event;
+    /// let e = Event::FileStart { path: "src/\"a\".ts".into() };
+    /// assert_eq!(e.to_json(), r#"{"type":"file_start","path":"src/\"a\".ts"}"#);
+    /// ```
+    pub fn to_json(&self) -> String {
+        let mut out = String::with_capacity(64);
+        self.write_json(&mut out);
+        out
+    }
+
+    /// Append [`Event::to_json`]'s output to `out` (no newline).
+    pub fn write_json(&self, out: &mut String) {
+        use crate::json::write_json_string as string;
+        out.push_str("{\"type\":\"");
+        out.push_str(self.kind());
+        out.push('"');
+        let field = |out: &mut String, name: &str| {
+            out.push_str(",\"");
+            out.push_str(name);
+            out.push_str("\":");
+        };
+        match self {
+            Event::Text { content }
+            | Event::ThinkingContent { content }
+            | Event::FileContent { content } => {
+                field(out, "content");
+                string(out, content);
+            }
+            Event::ThinkingStart
+            | Event::ThinkingEnd
+            | Event::SandboxEnd
+            | Event::FileEnd
+            | Event::InstallStart
+            | Event::InstallEnd
+            | Event::Done => {}
+            Event::SandboxStart { project, base } => {
+                if let Some(project) = project {
+                    field(out, "project");
+                    string(out, project);
+                }
+                if let Some(base) = base {
+                    field(out, "base");
+                    string(out, base);
+                }
+            }
+            Event::FileStart { path } => {
+                field(out, "path");
+                string(out, path);
+            }
+            Event::InstallContent {
+                dependencies,
+                framework,
+            } => {
+                field(out, "dependencies");
+                string_array(out, dependencies);
+                if let Some(framework) = framework {
+                    field(out, "framework");
+                    string(out, framework);
+                }
+            }
+            Event::Command { command, args } => {
+                field(out, "command");
+                string(out, command);
+                field(out, "args");
+                string_array(out, args);
+            }
+            Event::WebSearch { query, max_results } => {
+                field(out, "query");
+                string(out, query);
+                field(out, "max_results");
+                out.push_str(&max_results.to_string());
+            }
+            Event::Error {
+                code,
+                message,
+                severity,
+                skipped_bytes,
+            } => {
+                field(out, "code");
+                string(out, code.as_str());
+                field(out, "message");
+                string(out, message);
+                field(out, "severity");
+                string(out, severity.as_str());
+                if let Some(skipped) = skipped_bytes {
+                    field(out, "skipped_bytes");
+                    out.push_str(&skipped.to_string());
+                }
+            }
+        }
+        out.push('}');
+    }
+}
+
+fn string_array(out: &mut String, items: &[String]) {
+    out.push('[');
+    for (i, item) in items.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        crate::json::write_json_string(out, item);
+    }
+    out.push(']');
+}
+
 /// The error codes of PROTOCOL.md §7.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
@@ -189,4 +300,185 @@ pub enum Severity {
     Recoverable,
     /// Parsing could not continue (reserved; the parser currently never emits it).
     Fatal,
+}
+
+impl Severity {
+    /// The snake_case severity string.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Severity::Recoverable => "recoverable",
+            Severity::Fatal => "fatal",
+        }
+    }
+}
+
+impl fmt::Display for Severity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[cfg(all(test, feature = "serde"))]
+mod tests {
+    use super::*;
+
+    fn samples() -> Vec<Event> {
+        let weird = "q\"uote\\ back\n\r\t\u{8}\u{c}\u{0}\u{1f}\u{7f} é 😀 </script> \u{2028}";
+        let mut v = vec![
+            Event::Text {
+                content: weird.into(),
+            },
+            Event::Text {
+                content: String::new(),
+            },
+            Event::ThinkingStart,
+            Event::ThinkingContent {
+                content: "plan".into(),
+            },
+            Event::ThinkingEnd,
+            Event::SandboxStart {
+                project: None,
+                base: None,
+            },
+            Event::SandboxStart {
+                project: Some("demo".into()),
+                base: None,
+            },
+            Event::SandboxStart {
+                project: None,
+                base: Some(weird.into()),
+            },
+            Event::SandboxStart {
+                project: Some("p".into()),
+                base: Some("b".into()),
+            },
+            Event::SandboxEnd,
+            Event::FileStart {
+                path: "src/App.tsx".into(),
+            },
+            Event::FileContent {
+                content: weird.into(),
+            },
+            Event::FileEnd,
+            Event::InstallStart,
+            Event::InstallContent {
+                dependencies: vec![],
+                framework: None,
+            },
+            Event::InstallContent {
+                dependencies: vec!["react@18".into(), "@types/node".into()],
+                framework: Some("vite".into()),
+            },
+            Event::InstallEnd,
+            Event::Command {
+                command: "npm".into(),
+                args: vec![],
+            },
+            Event::Command {
+                command: "sh".into(),
+                args: vec!["-c".into(), weird.into()],
+            },
+            Event::WebSearch {
+                query: weird.into(),
+                max_results: 1,
+            },
+            Event::WebSearch {
+                query: "x".into(),
+                max_results: 8,
+            },
+            Event::Done,
+            Event::Error {
+                code: ErrorCode::InvalidFilePath,
+                message: "…".into(),
+                severity: Severity::Recoverable,
+                skipped_bytes: Some(12),
+            },
+            Event::Error {
+                code: ErrorCode::TagTooLong,
+                message: weird.into(),
+                severity: Severity::Fatal,
+                skipped_bytes: None,
+            },
+            Event::Error {
+                code: ErrorCode::InvalidDependency,
+                message: String::new(),
+                severity: Severity::Recoverable,
+                skipped_bytes: Some(u64::MAX),
+            },
+        ];
+        for code in [
+            ErrorCode::TagTooLong,
+            ErrorCode::UnclosedFile,
+            ErrorCode::UnclosedSandbox,
+            ErrorCode::UnclosedThinking,
+            ErrorCode::UnclosedInstall,
+            ErrorCode::NestedSandbox,
+            ErrorCode::FileOutsideSandbox,
+            ErrorCode::InvalidFilePath,
+            ErrorCode::InvalidDependency,
+            ErrorCode::MalformedCommand,
+            ErrorCode::MalformedWebSearch,
+        ] {
+            v.push(Event::Error {
+                code,
+                message: code.to_string(),
+                severity: Severity::Recoverable,
+                skipped_bytes: None,
+            });
+        }
+        // every char below 0x80 and a few beyond, one per event
+        for c in (0u32..0x80).chain([0xa0, 0x2028, 0xfeff, 0x1f600]) {
+            if let Some(c) = char::from_u32(c) {
+                v.push(Event::FileContent {
+                    content: format!("a{c}b"),
+                });
+            }
+        }
+        v
+    }
+
+    #[test]
+    fn to_json_matches_serde_json_byte_for_byte() {
+        for e in samples() {
+            let ours = e.to_json();
+            let theirs = serde_json::to_string(&e).unwrap();
+            assert_eq!(ours, theirs, "{e:?}");
+            let back: Event = serde_json::from_str(&ours).unwrap();
+            assert_eq!(back, e);
+        }
+    }
+
+    #[test]
+    fn section_7_shapes() {
+        let e = Event::Error {
+            code: ErrorCode::InvalidFilePath,
+            message: "…".into(),
+            severity: Severity::Recoverable,
+            skipped_bytes: Some(12),
+        };
+        assert_eq!(
+            serde_json::to_string(&e).unwrap(),
+            r#"{"type":"error","code":"invalid_file_path","message":"…","severity":"recoverable","skipped_bytes":12}"#
+        );
+        assert_eq!(
+            serde_json::to_string(&Event::ThinkingStart).unwrap(),
+            r#"{"type":"thinking_start"}"#
+        );
+        assert_eq!(
+            serde_json::to_string(&Event::SandboxStart {
+                project: Some("demo".into()),
+                base: None
+            })
+            .unwrap(),
+            r#"{"type":"sandbox_start","project":"demo"}"#
+        );
+        assert_eq!(
+            serde_json::to_string(&Event::WebSearch {
+                query: "q".into(),
+                max_results: 5
+            })
+            .unwrap(),
+            r#"{"type":"web_search","query":"q","max_results":5}"#
+        );
+    }
 }

@@ -1,39 +1,87 @@
-//! Streaming parser for the Edward tag protocol.
+//! Streaming parser for the Edward tag protocol (docs/PROTOCOL.md).
 //!
 //! Feed `&str` chunks with [`Parser::feed`], end with [`Parser::finish`].
 //! The parser does no I/O, is not async, never panics, and gives the same
-//! events (after merging adjacent content) for every chunking of a stream.
+//! events (after [`merge_content`]) for every chunking of a stream.
+//!
+//! ```
+//! use edward_parser::{merge_content, Event, Parser};
+//!
+//! let stream = r#"Sure.<edward_sandbox project="demo"><file path="./a.txt">
+//! hi
+//! </file></edward_sandbox><edward_done/>"#;
+//! let mut parser = Parser::new();
+//! let mut events = Vec::new();
+//! for chunk in [&stream[..10], &stream[10..47], &stream[47..]] {
+//!     parser.feed(chunk, &mut events);
+//! }
+//! parser.finish(&mut events);
+//! let events = merge_content(events);
+//! assert_eq!(events[2], Event::FileStart { path: "a.txt".into() });
+//! assert_eq!(events[3], Event::FileContent { content: "hi\n".into() });
+//! assert_eq!(events.last(), Some(&Event::Done));
+//! ```
+//!
+//! The sub-parsers are public for reuse and fuzzing: [`attr`] (tag
+//! attributes and entities), [`path`] (path normalisation), [`install`]
+//! (install bodies) and [`json`] (`args` arrays, JSON output).
 //!
 //! **Architecture invariant:** this crate knows nothing about runs, sandboxes
 //! or HTTP; its only dependency is `memchr` (and `serde` behind a feature).
 
+#![deny(missing_docs)]
+
+pub mod attr;
 mod event;
+mod file;
+pub mod install;
+pub mod json;
+mod parser;
+pub mod path;
 
 pub use event::{ErrorCode, Event, Severity};
+pub use file::{FENCE_WINDOW, MAX_FENCE_LINE};
+pub use install::{InstallBody, parse_install_body};
+pub use parser::{
+    DEFAULT_MAX_RESULTS, MAX_BUFFERED, MAX_INSTALL_BODY, MAX_MAX_RESULTS, MAX_TAG_LEN, Parser,
+    parse_max_results,
+};
+pub use path::{PathError, normalize_path};
 
-/// The streaming parser (implementation in progress).
-#[derive(Debug, Default)]
-pub struct Parser {
-    _private: (),
+/// Parse a whole stream at once: [`Parser::feed`] + [`Parser::finish`], then
+/// [`merge_content`]. This is the canonical event sequence that every chunking
+/// of `input` reproduces.
+pub fn parse_all(input: &str) -> Vec<Event> {
+    let mut parser = Parser::new();
+    let mut events = Vec::new();
+    parser.feed(input, &mut events);
+    parser.finish(&mut events);
+    merge_content(events)
 }
 
-impl Parser {
-    /// A parser at the start of a stream.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Feed the next chunk; events are pushed to `out`.
-    pub fn feed(&mut self, chunk: &str, out: &mut Vec<Event>) {
-        if !chunk.is_empty() {
-            out.push(Event::Text {
-                content: chunk.to_string(),
-            });
+/// Concatenate adjacent content events of the same kind (`text`,
+/// `thinking_content`, `file_content`), the normal form in which chunk
+/// invariance holds (PROTOCOL.md §6).
+///
+/// ```
+/// use edward_parser::{merge_content, Event};
+/// let t = |s: &str| Event::Text { content: s.into() };
+/// assert_eq!(merge_content(vec![t("a"), t("b"), Event::Done, t("c")]), [t("ab"), Event::Done, t("c")]);
+/// ```
+pub fn merge_content(events: Vec<Event>) -> Vec<Event> {
+    let mut merged: Vec<Event> = Vec::with_capacity(events.len());
+    for event in events {
+        match (merged.last_mut(), event) {
+            (Some(Event::Text { content: a }), Event::Text { content: b })
+            | (
+                Some(Event::ThinkingContent { content: a }),
+                Event::ThinkingContent { content: b },
+            )
+            | (Some(Event::FileContent { content: a }), Event::FileContent { content: b }) => {
+                a.push_str(&b);
+            }
+            (_, event) => merged.push(event),
         }
     }
-
-    /// End the stream: closes open scopes and flushes held text.
-    pub fn finish(&mut self, out: &mut Vec<Event>) {
-        let _ = out;
-    }
+    merged
 }

@@ -1,0 +1,913 @@
+//! The streaming state machine (PROTOCOL.md §1, §2, §6).
+//!
+//! Content is found with `memchr` on `<`; a `<` is only held back while the
+//! bytes after it can still become a tag that means something in the current
+//! state. Content is emitted as slices of the chunk (one event per run).
+
+use crate::attr::{self, Attributes, Lexer, is_space};
+use crate::file::{FENCE_WINDOW, FileFilter, MAX_FENCE_LINE};
+use crate::install::{MAX_DEPENDENCIES, parse_install_body};
+use crate::json::parse_string_array;
+use crate::path::normalize_path;
+use crate::{ErrorCode, Event, Severity};
+
+/// Longest tag, from `<` to `>` inclusive, in bytes. A longer tag candidate is
+/// not a tag: its bytes are content, with a `tag_too_long` error.
+pub const MAX_TAG_LEN: usize = 4096;
+/// Longest install body, in bytes; a longer one is closed implicitly
+/// (`unclosed_install`) at this size and the rest is read in the enclosing state.
+pub const MAX_INSTALL_BODY: usize = 16 * 1024;
+/// The most bytes a [`Parser`] ever holds back ([`Parser::buffered_len`]): a
+/// tag candidate ([`MAX_TAG_LEN`]) plus either an install body
+/// ([`MAX_INSTALL_BODY`]) or, in a file that opened with a code fence, the
+/// fence line and up to [`crate::file::FENCE_WINDOW`] bytes after it.
+/// 20 544 bytes; it does not grow with file or stream size.
+pub const MAX_BUFFERED: usize = MAX_TAG_LEN
+    + if FENCE_WINDOW + MAX_FENCE_LINE > MAX_INSTALL_BODY {
+        FENCE_WINDOW + MAX_FENCE_LINE
+    } else {
+        MAX_INSTALL_BODY
+    };
+/// `max_results` of a web search when absent or not a number.
+pub const DEFAULT_MAX_RESULTS: u8 = 5;
+/// Largest `max_results` of a web search (values are clamped to `1..=8`).
+pub const MAX_MAX_RESULTS: u8 = 8;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Tag {
+    Thinking,
+    Sandbox,
+    File,
+    Install,
+    Command,
+    WebSearch,
+    Done,
+    UrlScrape,
+}
+
+struct Name {
+    text: &'static [u8],
+    tag: Tag,
+    closer: bool,
+}
+
+const fn name(text: &'static [u8], tag: Tag, closer: bool) -> Name {
+    Name { text, tag, closer }
+}
+
+/// Every tag name the parser knows, lower case, closers with their `/`.
+/// No name is a prefix of another.
+const NAMES: [Name; 15] = [
+    name(b"thinking", Tag::Thinking, false),
+    name(b"edward_sandbox", Tag::Sandbox, false),
+    name(b"file", Tag::File, false),
+    name(b"edward_install", Tag::Install, false),
+    name(b"edward_command", Tag::Command, false),
+    name(b"edward_web_search", Tag::WebSearch, false),
+    name(b"edward_done", Tag::Done, false),
+    name(b"/thinking", Tag::Thinking, true),
+    name(b"/edward_sandbox", Tag::Sandbox, true),
+    name(b"/file", Tag::File, true),
+    name(b"/edward_install", Tag::Install, true),
+    name(b"/edward_command", Tag::Command, true),
+    name(b"/edward_web_search", Tag::WebSearch, true),
+    name(b"/edward_done", Tag::Done, true),
+    name(b"/edward_url_scrape", Tag::UrlScrape, true),
+];
+
+const O_THINKING: u16 = 1 << 0;
+const O_SANDBOX: u16 = 1 << 1;
+const O_FILE: u16 = 1 << 2;
+const O_INSTALL: u16 = 1 << 3;
+const O_COMMAND: u16 = 1 << 4;
+const O_WEB_SEARCH: u16 = 1 << 5;
+const O_DONE: u16 = 1 << 6;
+const C_THINKING: u16 = 1 << 7;
+const C_SANDBOX: u16 = 1 << 8;
+const C_FILE: u16 = 1 << 9;
+const C_INSTALL: u16 = 1 << 10;
+/// Closers that carry no meaning and are dropped silently.
+const C_DROPPED: u16 = (1 << 11) | (1 << 12) | (1 << 13) | (1 << 14);
+const ALL_CLOSERS: u16 = C_THINKING | C_SANDBOX | C_FILE | C_INSTALL | C_DROPPED;
+const EDWARD_OPENERS: u16 = O_SANDBOX | O_INSTALL | O_COMMAND | O_WEB_SEARCH | O_DONE;
+/// Openers that end thinking (and install) implicitly.
+const ACTIONS: u16 = O_SANDBOX | O_COMMAND | O_WEB_SEARCH | O_DONE;
+
+/// Where the parser is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Text,
+    Thinking,
+    Sandbox,
+    /// Inside a file with a valid path.
+    File,
+    /// Inside a file whose path was rejected: the body is counted, not emitted.
+    SkipFile,
+    Install {
+        in_sandbox: bool,
+    },
+}
+
+impl Mode {
+    /// The tag names that mean something here (everything else is content).
+    fn tags(self) -> u16 {
+        match self {
+            Mode::Text => O_THINKING | O_FILE | O_INSTALL | ACTIONS | C_DROPPED,
+            Mode::Thinking => C_THINKING | O_FILE | O_INSTALL | ACTIONS | C_DROPPED,
+            Mode::Sandbox => O_FILE | O_INSTALL | ACTIONS | C_SANDBOX | C_DROPPED,
+            Mode::File | Mode::SkipFile => C_FILE | C_SANDBOX,
+            Mode::Install { in_sandbox } => {
+                O_FILE | ACTIONS | C_INSTALL | C_DROPPED | if in_sandbox { C_SANDBOX } else { 0 }
+            }
+        }
+    }
+}
+
+/// Whether a `<` followed by `b` can start a tag from `mask`.
+fn could_start(mask: u16, b: u8) -> bool {
+    match b.to_ascii_lowercase() {
+        b'/' => mask & ALL_CLOSERS != 0,
+        b't' => mask & O_THINKING != 0,
+        b'e' => mask & EDWARD_OPENERS != 0,
+        b'f' => mask & O_FILE != 0,
+        _ => false,
+    }
+}
+
+/// Length of the UTF-8 sequence that starts with `b` (0 for a continuation byte).
+fn utf8_len(b: u8) -> usize {
+    match b {
+        0x00..=0x7f => 1,
+        0x80..=0xbf => 0,
+        0xc0..=0xdf => 2,
+        0xe0..=0xef => 3,
+        _ => 4,
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Matching the name: `k` bytes after `<` matched the names in `mask`.
+    Name { mask: u16, k: u8 },
+    /// After a closer's name: only whitespace and `/` until `>`.
+    CloserTail,
+    /// After an opener's name: attributes until an unquoted `>`.
+    Body(Lexer),
+}
+
+/// A possible tag that started at a `<`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Cand {
+    phase: Phase,
+    /// Index into [`NAMES`] once the name matched.
+    entry: usize,
+    /// Bytes so far, `<` included.
+    len: usize,
+}
+
+enum Outcome {
+    /// Every byte given belongs to the candidate; more are needed.
+    Need,
+    /// The tag ends just before the returned offset.
+    Complete,
+    /// Not a tag: the byte at the returned offset is not part of it.
+    Reject,
+    /// Over [`MAX_TAG_LEN`]: the byte at the returned offset does not fit.
+    TooLong,
+}
+
+impl Cand {
+    fn new(mask: u16) -> Self {
+        Cand {
+            phase: Phase::Name { mask, k: 0 },
+            entry: 0,
+            len: 1,
+        }
+    }
+
+    /// Run the candidate over `bytes`; returns the outcome and an offset into `bytes`.
+    fn advance(&mut self, bytes: &[u8]) -> (Outcome, usize) {
+        for (i, &b) in bytes.iter().enumerate() {
+            let char_len = utf8_len(b);
+            if char_len > 0 && self.len + char_len > MAX_TAG_LEN {
+                return (Outcome::TooLong, i);
+            }
+            match self.phase {
+                Phase::Name { mask, k } => {
+                    let k = usize::from(k);
+                    let full = NAMES
+                        .iter()
+                        .enumerate()
+                        .find(|(j, n)| mask & (1 << j) != 0 && n.text.len() == k);
+                    if let Some((j, n)) = full {
+                        self.entry = j;
+                        if b == b'>' {
+                            self.len += 1;
+                            return (Outcome::Complete, i + 1);
+                        }
+                        if !(is_space(b) || b == b'/') {
+                            return (Outcome::Reject, i);
+                        }
+                        self.phase = if n.closer {
+                            Phase::CloserTail
+                        } else if b == b'/' {
+                            Phase::Body(Lexer::after_slash())
+                        } else {
+                            Phase::Body(Lexer::new())
+                        };
+                    } else {
+                        let lower = b.to_ascii_lowercase();
+                        let mut next = 0u16;
+                        for (j, n) in NAMES.iter().enumerate() {
+                            if mask & (1 << j) != 0 && n.text.get(k) == Some(&lower) {
+                                next |= 1 << j;
+                            }
+                        }
+                        if next == 0 {
+                            return (Outcome::Reject, i);
+                        }
+                        // names are < 255 bytes
+                        self.phase = Phase::Name {
+                            mask: next,
+                            k: u8::try_from(k + 1).unwrap_or(u8::MAX),
+                        };
+                    }
+                }
+                Phase::CloserTail => {
+                    if b == b'>' {
+                        self.len += 1;
+                        return (Outcome::Complete, i + 1);
+                    }
+                    if !(is_space(b) || b == b'/') {
+                        return (Outcome::Reject, i);
+                    }
+                }
+                Phase::Body(mut lexer) => {
+                    let end = lexer.step(b, &mut attr::Ignore);
+                    self.phase = Phase::Body(lexer);
+                    if end.is_some() {
+                        self.len += 1;
+                        return (Outcome::Complete, i + 1);
+                    }
+                }
+            }
+            self.len += 1;
+        }
+        (Outcome::Need, bytes.len())
+    }
+}
+
+/// `s[a..b]`, or `""` if that is not a valid slice (never happens for the
+/// offsets the parser computes: they are at ASCII bytes or char boundaries).
+fn sub(s: &str, a: usize, b: usize) -> &str {
+    s.get(a..b).unwrap_or("")
+}
+
+/// Largest char boundary of `s` that is `<= at`.
+fn floor_char_boundary(s: &str, at: usize) -> usize {
+    let mut i = at.min(s.len());
+    while i > 0 && !s.is_char_boundary(i) {
+        i -= 1;
+    }
+    i
+}
+
+fn error(code: ErrorCode, message: String) -> Event {
+    Event::Error {
+        code,
+        message,
+        severity: Severity::Recoverable,
+        skipped_bytes: None,
+    }
+}
+
+/// The streaming parser.
+///
+/// Feed chunks with [`Parser::feed`], end with [`Parser::finish`]; events are
+/// pushed to the caller's `Vec` (reuse it, clearing it between calls, to avoid
+/// allocations). For every cutting of a stream into chunks the events are the
+/// same once adjacent content events are concatenated ([`crate::merge_content`]).
+///
+/// ```
+/// use edward_parser::{Event, Parser};
+///
+/// let mut parser = Parser::new();
+/// let mut events = Vec::new();
+/// parser.feed("a < b <edward_do", &mut events);
+/// assert_eq!(events, [Event::Text { content: "a < b ".into() }]);
+/// assert_eq!(parser.buffered_len(), "<edward_do".len());
+/// parser.feed("ne/>", &mut events);
+/// parser.finish(&mut events);
+/// assert_eq!(events.last(), Some(&Event::Done));
+/// ```
+#[derive(Debug, Clone)]
+pub struct Parser {
+    mode: Mode,
+    /// The tag candidate whose bytes are in `hold`.
+    cand: Option<Cand>,
+    hold: String,
+    file: FileFilter,
+    /// The current file's normalised path (for messages).
+    file_path: String,
+    /// `SkipFile`: body bytes so far, and the error message to emit at its end.
+    skipped: u64,
+    skip_message: String,
+    install_body: String,
+}
+
+impl Default for Parser {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Parser {
+    /// A parser at the start of a stream.
+    pub fn new() -> Self {
+        Parser {
+            mode: Mode::Text,
+            cand: None,
+            hold: String::new(),
+            file: FileFilter::default(),
+            file_path: String::new(),
+            skipped: 0,
+            skip_message: String::new(),
+            install_body: String::new(),
+        }
+    }
+
+    /// Bytes of input currently held back (a possible tag, an install body, a
+    /// possible code fence). Never more than [`MAX_BUFFERED`].
+    pub fn buffered_len(&self) -> usize {
+        self.hold.len() + self.file.buffered_len() + self.install_body.len()
+    }
+
+    /// Feed the next chunk of the stream; events are pushed to `out`.
+    pub fn feed(&mut self, chunk: &str, out: &mut Vec<Event>) {
+        let mut rest = chunk;
+        while !rest.is_empty() {
+            rest = if self.cand.is_some() {
+                self.continue_candidate(rest, out)
+            } else {
+                self.scan(rest, out)
+            };
+        }
+    }
+
+    /// End the stream: held text is flushed as content, then every open scope
+    /// is closed in the order file, sandbox, thinking, install, each with its
+    /// recoverable `unclosed_*` error. The parser is then ready for a new stream.
+    pub fn finish(&mut self, out: &mut Vec<Event>) {
+        if self.cand.take().is_some() {
+            // An unfinished tag is not a tag.
+            let held = std::mem::take(&mut self.hold);
+            self.content_all(&held, out);
+        }
+        const END: &str = "the end of the stream";
+        match self.mode {
+            Mode::Text => {}
+            Mode::File | Mode::SkipFile => {
+                self.close_file_implicitly(END, out);
+                self.close_sandbox_at_end(out);
+            }
+            Mode::Sandbox => self.close_sandbox_at_end(out),
+            Mode::Thinking => {
+                out.push(error(
+                    ErrorCode::UnclosedThinking,
+                    "<Thinking> was not closed before the end of the stream".into(),
+                ));
+                out.push(Event::ThinkingEnd);
+            }
+            Mode::Install { in_sandbox } => {
+                if in_sandbox {
+                    self.close_sandbox_at_end(out);
+                }
+                self.close_install(Some(END), out);
+            }
+        }
+        *self = Parser::new();
+    }
+
+    /// The sandbox part of [`Parser::finish`] (the mode is reset by the caller).
+    fn close_sandbox_at_end(&mut self, out: &mut Vec<Event>) {
+        out.push(error(
+            ErrorCode::UnclosedSandbox,
+            "<edward_sandbox> was not closed before the end of the stream".into(),
+        ));
+        out.push(Event::SandboxEnd);
+    }
+
+    /// Scan `s` with no candidate pending. Returns what is left to feed (non-empty
+    /// only when an install body overflowed and the rest must be read in the new state).
+    fn scan<'a>(&mut self, s: &'a str, out: &mut Vec<Event>) -> &'a str {
+        let bytes = s.as_bytes();
+        let mut start = 0; // start of content not yet emitted
+        let mut pos = 0; // where to look for the next `<`
+        loop {
+            let Some(off) = memchr::memchr(b'<', bytes.get(pos..).unwrap_or(&[])) else {
+                let consumed = self.content(sub(s, start, s.len()), out);
+                return sub(s, start + consumed, s.len());
+            };
+            let lt = pos + off;
+            let mask = self.mode.tags();
+            if let Some(&next) = bytes.get(lt + 1) {
+                if !could_start(mask, next) {
+                    pos = lt + 1;
+                    continue;
+                }
+            }
+            let mut cand = Cand::new(mask);
+            let (outcome, n) = cand.advance(bytes.get(lt + 1..).unwrap_or(&[]));
+            let end = lt + 1 + n;
+            if let Outcome::Reject = outcome {
+                pos = end;
+                continue;
+            }
+            // Content before the `<` goes out first, in the current mode.
+            let consumed = self.content(sub(s, start, lt), out);
+            if start + consumed < lt {
+                return sub(s, start + consumed, s.len());
+            }
+            match outcome {
+                Outcome::Need => {
+                    self.hold.clear();
+                    self.hold.push_str(sub(s, lt, s.len()));
+                    self.cand = Some(cand);
+                    return "";
+                }
+                Outcome::Complete => self.tag(cand.entry, sub(s, lt, end), out),
+                Outcome::TooLong => self.too_long(sub(s, lt, end), out),
+                Outcome::Reject => {}
+            }
+            start = end;
+            pos = end;
+        }
+    }
+
+    /// Continue the pending candidate with `s`; returns the rest of `s`.
+    fn continue_candidate<'a>(&mut self, s: &'a str, out: &mut Vec<Event>) -> &'a str {
+        let Some(mut cand) = self.cand.take() else {
+            return s;
+        };
+        let (outcome, n) = cand.advance(s.as_bytes());
+        match outcome {
+            Outcome::Need => {
+                self.hold.push_str(s);
+                self.cand = Some(cand);
+                return "";
+            }
+            Outcome::Complete => {
+                let mut tag = std::mem::take(&mut self.hold);
+                tag.push_str(sub(s, 0, n));
+                self.tag(cand.entry, &tag, out);
+                self.recycle(tag);
+            }
+            Outcome::Reject => {
+                // The candidate's bytes (`<` and part of a name, up to the
+                // rejecting byte, which is read again) are content. If an
+                // install body overflows on them, the rest is read again in
+                // the enclosing state.
+                let mut held = std::mem::take(&mut self.hold);
+                held.push_str(sub(s, 0, n));
+                let consumed = self.content(&held, out);
+                if consumed < held.len() {
+                    self.feed(sub(&held, consumed, held.len()), out);
+                }
+                self.recycle(held);
+            }
+            Outcome::TooLong => {
+                let mut held = std::mem::take(&mut self.hold);
+                held.push_str(sub(s, 0, n));
+                self.too_long(&held, out);
+                self.recycle(held);
+            }
+        }
+        sub(s, n, s.len())
+    }
+
+    /// Give a taken buffer back to `hold` (keeps its capacity) if nothing else is held.
+    fn recycle(&mut self, mut buf: String) {
+        if self.cand.is_none() && self.hold.is_empty() {
+            buf.clear();
+            self.hold = buf;
+        }
+    }
+
+    fn too_long(&mut self, text: &str, out: &mut Vec<Event>) {
+        out.push(error(
+            ErrorCode::TagTooLong,
+            format!("a tag longer than {MAX_TAG_LEN} bytes is not a tag; its text is content"),
+        ));
+        self.content_all(text, out);
+    }
+
+    /// Emit all of `text` as content, without looking for tags in it.
+    fn content_all(&mut self, text: &str, out: &mut Vec<Event>) {
+        let mut rest = text;
+        while !rest.is_empty() {
+            let consumed = self.content(rest, out);
+            rest = sub(rest, consumed, rest.len());
+        }
+    }
+
+    /// Emit content in the current mode. Returns how much was taken: all of
+    /// it, except when an install body reaches its limit (the install is then
+    /// closed and the rest belongs to the enclosing state).
+    fn content(&mut self, s: &str, out: &mut Vec<Event>) -> usize {
+        if s.is_empty() {
+            return 0;
+        }
+        match self.mode {
+            Mode::Text | Mode::Sandbox => out.push(Event::Text {
+                content: s.to_string(),
+            }),
+            Mode::Thinking => out.push(Event::ThinkingContent {
+                content: s.to_string(),
+            }),
+            Mode::File => self.file.push(s, out),
+            Mode::SkipFile => self.skipped += s.len() as u64,
+            Mode::Install { .. } => {
+                let room = MAX_INSTALL_BODY.saturating_sub(self.install_body.len());
+                if s.len() <= room {
+                    self.install_body.push_str(s);
+                } else {
+                    let cut = floor_char_boundary(s, room);
+                    self.install_body.push_str(sub(s, 0, cut));
+                    self.close_install(
+                        Some("a body longer than 16384 bytes (the rest is read as text)"),
+                        out,
+                    );
+                    return cut;
+                }
+            }
+        }
+        s.len()
+    }
+
+    /// A complete tag `text` (from `<` to `>`) whose name is `NAMES[entry]`.
+    fn tag(&mut self, entry: usize, text: &str, out: &mut Vec<Event>) {
+        let Some(name) = NAMES.get(entry) else {
+            self.content_all(text, out);
+            return;
+        };
+        if name.closer {
+            self.closer(name.tag, text, out);
+        } else {
+            let attrs = attr::parse_attributes(sub(text, 1 + name.text.len(), text.len()));
+            self.opener(name.tag, &attrs, text, out);
+        }
+    }
+
+    fn closer(&mut self, tag: Tag, text: &str, out: &mut Vec<Event>) {
+        match (self.mode, tag) {
+            (_, Tag::Command | Tag::WebSearch | Tag::Done | Tag::UrlScrape) => {}
+            (Mode::Thinking, Tag::Thinking) => {
+                out.push(Event::ThinkingEnd);
+                self.mode = Mode::Text;
+            }
+            (Mode::Sandbox, Tag::Sandbox) => {
+                out.push(Event::SandboxEnd);
+                self.mode = Mode::Text;
+            }
+            (Mode::File, Tag::File) => {
+                self.file.finish(out);
+                out.push(Event::FileEnd);
+                self.mode = Mode::Sandbox;
+            }
+            (Mode::SkipFile, Tag::File) => {
+                self.emit_skipped_file(out);
+                self.mode = Mode::Sandbox;
+            }
+            (Mode::File | Mode::SkipFile, Tag::Sandbox) => {
+                self.close_file_implicitly("</edward_sandbox>", out);
+                out.push(Event::SandboxEnd);
+                self.mode = Mode::Text;
+            }
+            (Mode::Install { .. }, Tag::Install) => self.close_install(None, out),
+            (Mode::Install { in_sandbox: true }, Tag::Sandbox) => {
+                self.close_install(Some("</edward_sandbox>"), out);
+                out.push(Event::SandboxEnd);
+                self.mode = Mode::Text;
+            }
+            // Not reachable: the mode's tag set excludes the rest.
+            _ => self.content_all(text, out),
+        }
+    }
+
+    fn opener(&mut self, tag: Tag, attrs: &Attributes, text: &str, out: &mut Vec<Event>) {
+        match self.mode {
+            Mode::Thinking => match tag {
+                Tag::File => self.file_outside_sandbox(text, out),
+                Tag::Sandbox | Tag::Install | Tag::Command | Tag::WebSearch | Tag::Done => {
+                    out.push(Event::ThinkingEnd);
+                    self.mode = Mode::Text;
+                    self.opener(tag, attrs, text, out);
+                }
+                _ => self.content_all(text, out),
+            },
+            Mode::Install { .. } => match tag {
+                Tag::Sandbox | Tag::File | Tag::Command | Tag::WebSearch | Tag::Done => {
+                    let why = match tag {
+                        Tag::Sandbox => "<edward_sandbox>",
+                        Tag::File => "<file>",
+                        Tag::Command => "<edward_command>",
+                        Tag::WebSearch => "<edward_web_search>",
+                        _ => "<edward_done>",
+                    };
+                    self.close_install(Some(why), out);
+                    self.opener(tag, attrs, text, out);
+                }
+                _ => self.content_all(text, out),
+            },
+            Mode::Text | Mode::Sandbox => {
+                let in_sandbox = self.mode == Mode::Sandbox;
+                match tag {
+                    Tag::Thinking if !in_sandbox => {
+                        out.push(Event::ThinkingStart);
+                        if attrs.self_closing() {
+                            out.push(Event::ThinkingEnd);
+                        } else {
+                            self.mode = Mode::Thinking;
+                        }
+                    }
+                    Tag::Sandbox if in_sandbox => out.push(error(
+                        ErrorCode::NestedSandbox,
+                        "<edward_sandbox> inside a sandbox is ignored".into(),
+                    )),
+                    Tag::Sandbox => {
+                        out.push(Event::SandboxStart {
+                            project: attrs.get("project").map(str::to_string),
+                            base: attrs.get("base").map(str::to_string),
+                        });
+                        if attrs.self_closing() {
+                            out.push(Event::SandboxEnd);
+                        } else {
+                            self.mode = Mode::Sandbox;
+                        }
+                    }
+                    Tag::File if in_sandbox => self.open_file(attrs, out),
+                    Tag::File => self.file_outside_sandbox(text, out),
+                    Tag::Install => {
+                        out.push(Event::InstallStart);
+                        self.install_body.clear();
+                        self.mode = Mode::Install { in_sandbox };
+                        if attrs.self_closing() {
+                            self.close_install(None, out);
+                        }
+                    }
+                    Tag::Command => self.command(attrs, out),
+                    Tag::WebSearch => self.web_search(attrs, out),
+                    Tag::Done => {
+                        if in_sandbox {
+                            out.push(Event::SandboxEnd);
+                            self.mode = Mode::Text;
+                        }
+                        out.push(Event::Done);
+                    }
+                    _ => self.content_all(text, out),
+                }
+            }
+            Mode::File | Mode::SkipFile => self.content_all(text, out),
+        }
+    }
+
+    fn file_outside_sandbox(&mut self, text: &str, out: &mut Vec<Event>) {
+        out.push(error(
+            ErrorCode::FileOutsideSandbox,
+            "<file> outside <edward_sandbox> is not a file; its text is content".into(),
+        ));
+        self.content_all(text, out);
+    }
+
+    fn open_file(&mut self, attrs: &Attributes, out: &mut Vec<Event>) {
+        let result = match attrs.get("path") {
+            Some(raw) => normalize_path(raw).map_err(|e| format!("invalid file path {raw:?}: {e}")),
+            None => Err("<file> without a path attribute".to_string()),
+        };
+        match result {
+            Ok(path) => {
+                out.push(Event::FileStart { path: path.clone() });
+                if attrs.self_closing() {
+                    out.push(Event::FileEnd);
+                } else {
+                    self.file.reset();
+                    self.file_path = path;
+                    self.mode = Mode::File;
+                }
+            }
+            Err(message) => {
+                self.skip_message = message;
+                self.skipped = 0;
+                if attrs.self_closing() {
+                    self.emit_skipped_file(out);
+                } else {
+                    self.mode = Mode::SkipFile;
+                }
+            }
+        }
+    }
+
+    fn emit_skipped_file(&mut self, out: &mut Vec<Event>) {
+        let message = std::mem::take(&mut self.skip_message);
+        out.push(Event::Error {
+            code: ErrorCode::InvalidFilePath,
+            message: format!("{message}; its {} content bytes were skipped", self.skipped),
+            severity: Severity::Recoverable,
+            skipped_bytes: Some(self.skipped),
+        });
+        self.skipped = 0;
+    }
+
+    /// Close the current (valid or skipped) file because of `why`.
+    fn close_file_implicitly(&mut self, why: &str, out: &mut Vec<Event>) {
+        match self.mode {
+            Mode::File => {
+                self.file.finish(out);
+                out.push(error(
+                    ErrorCode::UnclosedFile,
+                    format!("file {:?} was closed by {why}, not </file>", self.file_path),
+                ));
+                out.push(Event::FileEnd);
+            }
+            Mode::SkipFile => {
+                out.push(error(
+                    ErrorCode::UnclosedFile,
+                    format!("a file with an invalid path was closed by {why}, not </file>"),
+                ));
+                self.emit_skipped_file(out);
+            }
+            _ => {}
+        }
+        self.mode = Mode::Sandbox;
+    }
+
+    /// End the install block; `implicit` names what closed it when it was not
+    /// `</edward_install>`.
+    fn close_install(&mut self, implicit: Option<&str>, out: &mut Vec<Event>) {
+        let Mode::Install { in_sandbox } = self.mode else {
+            return;
+        };
+        if let Some(why) = implicit {
+            out.push(error(
+                ErrorCode::UnclosedInstall,
+                format!("<edward_install> was closed by {why}, not </edward_install>"),
+            ));
+        }
+        let body = parse_install_body(&self.install_body);
+        self.install_body.clear();
+        if !body.invalid.is_empty() {
+            out.push(error(
+                ErrorCode::InvalidDependency,
+                format!(
+                    "not valid npm package specs, not installed: {}",
+                    quote_list(&body.invalid)
+                ),
+            ));
+        }
+        if !body.over_limit.is_empty() {
+            out.push(error(
+                ErrorCode::InvalidDependency,
+                format!(
+                    "more than {MAX_DEPENDENCIES} packages, not installed: {}",
+                    quote_list(&body.over_limit)
+                ),
+            ));
+        }
+        out.push(Event::InstallContent {
+            dependencies: body.dependencies,
+            framework: body.framework,
+        });
+        out.push(Event::InstallEnd);
+        self.mode = if in_sandbox {
+            Mode::Sandbox
+        } else {
+            Mode::Text
+        };
+    }
+
+    fn command(&mut self, attrs: &Attributes, out: &mut Vec<Event>) {
+        let Some(command) = attrs.get("command").filter(|c| !c.trim().is_empty()) else {
+            out.push(error(
+                ErrorCode::MalformedCommand,
+                "<edward_command> without a command attribute".into(),
+            ));
+            return;
+        };
+        let args = match attrs.get("args") {
+            None => Vec::new(),
+            Some(raw) => match parse_string_array(raw) {
+                Some(args) => args,
+                None => {
+                    out.push(error(
+                        ErrorCode::MalformedCommand,
+                        format!(
+                            "args of command {command:?} is not a JSON array of strings: {raw:?}; the command was not run"
+                        ),
+                    ));
+                    return;
+                }
+            },
+        };
+        out.push(Event::Command {
+            command: command.to_string(),
+            args,
+        });
+    }
+
+    fn web_search(&mut self, attrs: &Attributes, out: &mut Vec<Event>) {
+        let Some(query) = attrs.get("query").filter(|q| !q.trim().is_empty()) else {
+            out.push(error(
+                ErrorCode::MalformedWebSearch,
+                "<edward_web_search> without a query attribute".into(),
+            ));
+            return;
+        };
+        let max_results = attrs
+            .get("max_results")
+            .or_else(|| attrs.get("maxResults"))
+            .map_or(DEFAULT_MAX_RESULTS, parse_max_results);
+        out.push(Event::WebSearch {
+            query: query.to_string(),
+            max_results,
+        });
+    }
+}
+
+/// `max_results`: an optionally signed decimal integer (surrounding whitespace
+/// allowed) clamped to `1..=8`; anything else is the default 5.
+pub fn parse_max_results(value: &str) -> u8 {
+    let t = value.trim();
+    let (negative, digits) = match t.strip_prefix('-') {
+        Some(d) => (true, d),
+        None => (false, t.strip_prefix('+').unwrap_or(t)),
+    };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return DEFAULT_MAX_RESULTS;
+    }
+    if negative {
+        return 1;
+    }
+    let n: u64 = digits.parse().unwrap_or(u64::MAX);
+    u8::try_from(n.clamp(1, u64::from(MAX_MAX_RESULTS))).unwrap_or(MAX_MAX_RESULTS)
+}
+
+fn quote_list(items: &[String]) -> String {
+    items
+        .iter()
+        .map(|i| format!("{i:?}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_prefix_free_and_lower_case() {
+        for (i, a) in NAMES.iter().enumerate() {
+            assert!(a.text.iter().all(|b| !b.is_ascii_uppercase()));
+            for (j, b) in NAMES.iter().enumerate() {
+                if i != j {
+                    assert!(!b.text.starts_with(a.text));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn max_results() {
+        assert_eq!(parse_max_results("3"), 3);
+        assert_eq!(parse_max_results(" 8 "), 8);
+        assert_eq!(parse_max_results("+2"), 2);
+        assert_eq!(parse_max_results("0"), 1);
+        assert_eq!(parse_max_results("-4"), 1);
+        assert_eq!(parse_max_results("9"), 8);
+        assert_eq!(parse_max_results("99999999999999999999999"), 8);
+        assert_eq!(parse_max_results(""), 5);
+        assert_eq!(parse_max_results("five"), 5);
+        assert_eq!(parse_max_results("3.5"), 5);
+        assert_eq!(parse_max_results("0x3"), 5);
+    }
+
+    const _: () = assert!(MAX_BUFFERED >= MAX_TAG_LEN + MAX_INSTALL_BODY);
+
+    #[test]
+    fn buffered_cap_value() {
+        assert_eq!(MAX_BUFFERED, 20544);
+    }
+
+    #[test]
+    fn candidate_rejects_at_first_divergent_byte() {
+        let mut c = Cand::new(Mode::Text.tags());
+        let (o, n) = c.advance(b"edward_x");
+        assert!(matches!(o, Outcome::Reject));
+        assert_eq!(n, 7);
+        let mut c = Cand::new(Mode::File.tags());
+        assert!(matches!(c.advance(b"file>").0, Outcome::Reject));
+        let mut c = Cand::new(Mode::File.tags());
+        let (o, n) = c.advance(b"/FILE >x");
+        assert!(matches!(o, Outcome::Complete));
+        assert_eq!(n, 7);
+    }
+}
