@@ -322,6 +322,24 @@ async fn file_and_directory_clashes_are_invalid_paths() {
     assert_invalid_path(sandbox.read_file(&path("dir")).await, "read a directory");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn special_files_are_neither_read_nor_listed() {
+    let root = tempdir();
+    let (_provider, sandbox) = local(root.path(), "fifo").await;
+    let out = sandbox
+        .exec(command("mkfifo", &["pipe"]), CancellationToken::new())
+        .await
+        .unwrap();
+    assert_eq!(out.exit_code, Some(0), "{out:?}");
+    // Opening a FIFO for reading would block until a writer appears; the
+    // read must refuse it instead of hanging.
+    let result = tokio::time::timeout(Duration::from_secs(5), sandbox.read_file(&path("pipe")))
+        .await
+        .expect("read_file of a FIFO hung");
+    assert_invalid_path(result, "FIFO");
+    assert!(sandbox.list_files().await.unwrap().is_empty());
+}
+
 #[tokio::test]
 async fn batch_is_sequential_not_atomic() {
     let root = tempdir();
@@ -633,4 +651,79 @@ async fn configured_env_and_home_apply_and_request_wins() {
     ];
     expected.sort_unstable();
     assert_eq!(lines, expected);
+}
+
+// ------------------------------------------------------------ measurements
+
+/// Rough numbers for the report; `cargo test -p edward-sandbox --test local
+/// -- --ignored --nocapture measure`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "prints timings; run by hand"]
+async fn measure() {
+    let root = tempdir();
+    let (_provider, sandbox) = local(root.path(), "measure").await;
+
+    let mut latencies = Vec::new();
+    for _ in 0..50 {
+        let started = Instant::now();
+        let out = sandbox
+            .exec(command("true", &[]), CancellationToken::new())
+            .await
+            .unwrap();
+        assert_eq!(out.exit_code, Some(0));
+        latencies.push(started.elapsed());
+    }
+    latencies.sort();
+    println!(
+        "exec `true`: p50 {:?}, p90 {:?} (50 runs)",
+        latencies[25], latencies[45]
+    );
+
+    let files: Vec<_> = (0..1000)
+        .map(|i| file(&format!("src/d{}/f{i}.txt", i % 20), vec![b'x'; 1024]))
+        .collect();
+    let started = Instant::now();
+    sandbox.write_files(files).await.unwrap();
+    let elapsed = started.elapsed();
+    println!(
+        "write_files 1000 x 1 KiB in 20 dirs: {elapsed:?} ({:.0} files/s)",
+        1000.0 / elapsed.as_secs_f64()
+    );
+
+    let started = Instant::now();
+    let listed = sandbox.list_files().await.unwrap();
+    assert_eq!(listed.len(), 1000);
+    println!("list_files 1000 files: {:?}", started.elapsed());
+
+    let started = Instant::now();
+    for entry in &listed {
+        sandbox.read_file(&path(&entry.path)).await.unwrap();
+    }
+    println!("read_file x1000: {:?}", started.elapsed());
+
+    let mut request = command("head", &["-c", "200000000", "/dev/zero"]);
+    request.output_cap = 64 * 1024;
+    let started = Instant::now();
+    let out = sandbox
+        .exec(request, CancellationToken::new())
+        .await
+        .unwrap();
+    let elapsed = started.elapsed();
+    assert_eq!(out.stdout_truncated, 200_000_000 - 64 * 1024);
+    println!(
+        "drain 200 MB of stdout (cap 64 KiB): {elapsed:?} ({:.0} MB/s)",
+        200.0 / elapsed.as_secs_f64()
+    );
+
+    let mut request = command("sleep", &["30"]);
+    request.timeout = Duration::from_millis(100);
+    let started = Instant::now();
+    sandbox
+        .exec(request, CancellationToken::new())
+        .await
+        .unwrap();
+    println!(
+        "timeout 100 ms on `sleep 30`: returned after {:?}",
+        started.elapsed()
+    );
 }
