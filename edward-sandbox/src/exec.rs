@@ -265,6 +265,10 @@ pub(crate) async fn run(
         };
         // Kill the whole group: everything on timeout/cancel, and stray
         // background processes after a normal exit (nothing outlives exec).
+        // After a normal exit the leader is already reaped; its pid stays
+        // reserved as long as any group member lives, and if none does the
+        // kill is a harmless ESRCH (short of the pid space wrapping around
+        // in the microseconds in between).
         guard.kill_now();
         let status = match &end {
             End::Exited(status) => Some(*status),
