@@ -1,0 +1,223 @@
+//! Anthropic Messages provider against a local server speaking its streaming
+//! wire format (fixtures in tests/fixtures/anthropic).
+#![cfg(feature = "anthropic")]
+
+mod providers_support;
+
+use std::sync::Arc;
+
+use edward_core::providers::{AnthropicClient, RetryPolicy, Timeouts};
+use edward_core::{FinishReason, ModelClient, ModelError};
+use providers_support::*;
+
+fn make(base_url: &str, retry: RetryPolicy, timeouts: Timeouts) -> Arc<dyn ModelClient> {
+    Arc::new(
+        AnthropicClient::builder()
+            .api_key(KEY)
+            .base_url(base_url)
+            .retry(retry)
+            .timeouts(timeouts)
+            .build()
+            .unwrap(),
+    )
+}
+
+const P: ProviderUnderTest = ProviderUnderTest {
+    name: "anthropic",
+    model: "claude-sonnet-4-20250514",
+    key_header: "x-api-key",
+    usage: (25, 15),
+    make,
+};
+
+#[tokio::test]
+async fn text_usage_and_finish() {
+    P.text_usage_finish().await;
+}
+
+#[tokio::test]
+async fn request_has_wire_fields_and_headers() {
+    let server = TestServer::start(vec![Reply::sse(fixture("anthropic", "text.sse"))]).await;
+    let c = run(
+        &*make(&server.base_url, fast_retry(), Timeouts::default()),
+        request(P.model),
+    )
+    .await;
+    assert_eq!(c.error, None);
+    let r = &server.requests()[0];
+    assert_eq!(r.uri, "/v1/messages");
+    assert_eq!(r.headers["x-api-key"].to_str().unwrap(), KEY);
+    assert_eq!(r.headers["anthropic-version"], "2023-06-01");
+    assert!(r.headers.get("authorization").is_none());
+    let b = &r.body;
+    assert_eq!(b["model"], P.model);
+    assert_eq!(b["stream"], true);
+    assert_eq!(b["max_tokens"], 256);
+    assert_eq!(b["system"], "You are Edward.");
+    let roles: Vec<&str> = b["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["role"].as_str().unwrap())
+        .collect();
+    assert_eq!(roles, ["user", "assistant", "user"]);
+}
+
+#[tokio::test]
+async fn thinking_budget_is_requested() {
+    let server = TestServer::start(vec![Reply::sse(fixture("anthropic", "thinking.sse"))]).await;
+    let client = AnthropicClient::builder()
+        .api_key(KEY)
+        .base_url(&server.base_url)
+        .thinking_budget(2048)
+        .build()
+        .unwrap();
+    let c = run(&client, request(P.model)).await;
+    assert_eq!(c.error, None);
+    let b = &server.requests()[0].body;
+    assert_eq!(b["thinking"]["type"], "enabled");
+    assert_eq!(b["thinking"]["budget_tokens"], 2048);
+    assert!(b.get("temperature").is_none());
+}
+
+#[tokio::test]
+async fn tiny_chunks_split_lines_and_utf8() {
+    P.tiny_chunks().await;
+}
+
+#[tokio::test]
+async fn thinking_deltas() {
+    P.thinking("Let me think. Still thinking.").await;
+}
+
+#[tokio::test]
+async fn finish_max_tokens() {
+    P.finish_reason("max_tokens.sse", FinishReason::Length, "Hello")
+        .await;
+}
+
+#[tokio::test]
+async fn finish_refusal() {
+    P.finish_reason("refusal.sse", FinishReason::ContentFilter, "I can")
+        .await;
+}
+
+#[tokio::test]
+async fn retry_after_429_is_honoured() {
+    P.retry_after_honoured(fixture("anthropic", "error_429.json"))
+        .await;
+}
+
+#[tokio::test]
+async fn overloaded_529_is_retried() {
+    let server = TestServer::start(vec![
+        Reply::error(529, fixture("anthropic", "error_529.json")),
+        Reply::sse(fixture("anthropic", "text.sse")),
+    ])
+    .await;
+    let c = run(
+        &*make(&server.base_url, fast_retry(), Timeouts::default()),
+        request(P.model),
+    )
+    .await;
+    assert_eq!(c.error, None);
+    assert_eq!(c.text, FIXTURE_TEXT);
+    assert_eq!(server.requests().len(), 2);
+}
+
+#[tokio::test]
+async fn server_errors_are_retried() {
+    P.server_errors_retried().await;
+}
+
+#[tokio::test]
+async fn retries_give_up_after_max_attempts() {
+    P.retries_exhausted(529).await;
+}
+
+#[tokio::test]
+async fn unauthorized_is_auth_without_key() {
+    P.unauthorized(401).await;
+}
+
+#[tokio::test]
+async fn bad_request_carries_provider_message() {
+    P.bad_request("messages.0.content: Input should be a valid list")
+        .await;
+}
+
+#[tokio::test]
+async fn key_echoed_by_provider_is_scrubbed() {
+    P.key_echo_scrubbed().await;
+}
+
+#[tokio::test]
+async fn prompt_too_long() {
+    P.context_too_long().await;
+}
+
+#[tokio::test]
+async fn connection_cut_after_output() {
+    P.cut_after_output().await;
+}
+
+#[tokio::test]
+async fn eof_before_message_stop_is_interrupted() {
+    P.eof_before_end().await;
+}
+
+#[tokio::test]
+async fn first_byte_timeout_waiting_for_headers() {
+    P.first_byte_timeout_headers().await;
+}
+
+#[tokio::test]
+async fn first_byte_timeout_waiting_for_body() {
+    P.first_byte_timeout_body().await;
+}
+
+#[tokio::test]
+async fn idle_timeout_between_chunks() {
+    P.idle_timeout().await;
+}
+
+#[tokio::test]
+async fn cancel_during_stream() {
+    P.cancel_mid_stream().await;
+}
+
+#[tokio::test]
+async fn cancel_during_retry_backoff() {
+    P.cancel_during_backoff(fixture("anthropic", "error_429.json"))
+        .await;
+}
+
+#[tokio::test]
+async fn overloaded_error_event_mid_stream() {
+    P.error_mid_stream(|e| matches!(e, ModelError::Overloaded { status: 529, .. }))
+        .await;
+}
+
+#[tokio::test]
+async fn malformed_line_is_a_typed_error() {
+    P.malformed_line().await;
+}
+
+#[tokio::test]
+async fn connection_refused_is_transport() {
+    P.connection_refused().await;
+}
+
+#[test]
+fn missing_key_is_a_config_error() {
+    assert!(AnthropicClient::builder().build().is_err());
+}
+
+#[test]
+fn debug_output_never_shows_the_key() {
+    let b = AnthropicClient::builder().api_key(KEY);
+    let client = b.clone().build().unwrap();
+    for shown in [format!("{b:?}"), format!("{client:?}")] {
+        assert!(!shown.contains(KEY), "{shown}");
+    }
+}
