@@ -274,6 +274,31 @@ pub async fn check_expired_lease_reclaimed<Q: RunQueue + ?Sized>(queue: &Q) {
     queue.ack(new).await.expect("ack");
 }
 
+/// A worker that comes back under the same owner name and reclaims its own
+/// expired job gets a new fence; the lease with the old fence is lost.
+pub async fn check_same_owner_reclaim_needs_new_fence<Q: RunQueue + ?Sized>(queue: &Q) {
+    let run = RunId::new();
+    queue.enqueue(run).await.expect("enqueue");
+    let worker = owner("restarted");
+    let short = Duration::from_millis(200);
+    let first = claim_mine(queue, &worker, short, &ids(&[run])).await;
+    assert_eq!(first.len(), 1);
+    // Waiting is the point: the lease must lapse.
+    tokio::time::sleep(short * 2).await;
+    let second = claim_mine(queue, &worker, LEASE, &ids(&[run])).await;
+    assert_eq!(second.len(), 1);
+    let (old, new) = (&first[0], &second[0]);
+    assert_eq!(new.owner, old.owner);
+    assert!(new.fence > old.fence);
+    assert_lease_lost(
+        queue.heartbeat(old, LEASE).await.map(drop),
+        old,
+        "a heartbeat with the old fence",
+    );
+    assert_lease_lost(queue.ack(old).await, old, "an ack with the old fence");
+    queue.ack(new).await.expect("ack");
+}
+
 /// A retry schedules the job in the future with backoff (not claimable at
 /// once, then claimable with the next attempt), and releases the lease.
 pub async fn check_retry_backoff<Q: RunQueue + ?Sized>(queue: &Q) {
@@ -423,6 +448,7 @@ pub async fn run_all(queue: Arc<dyn RunQueue>) {
     check_concurrent_claims_exclusive(Arc::clone(&queue)).await;
     check_heartbeat_extends(&*queue).await;
     check_expired_lease_reclaimed(&*queue).await;
+    check_same_owner_reclaim_needs_new_fence(&*queue).await;
     check_retry_backoff(&*queue).await;
     check_dead_letter(&*queue).await;
     check_enqueue_idempotent(&*queue).await;
