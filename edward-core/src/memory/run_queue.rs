@@ -259,6 +259,45 @@ mod tests {
         assert!(b.fence > a.fence, "{} then {}", a.fence, b.fence);
     }
 
+    #[tokio::test]
+    async fn an_expired_lease_is_claimed_before_a_later_ready_job() {
+        let queue = MemoryRunQueue::new();
+        let (stuck, fresh) = (RunId::new(), RunId::new());
+        queue.enqueue(stuck).await.unwrap();
+        let lost = queue.claim("w1", Duration::ZERO).await.unwrap().unwrap();
+        assert_eq!(lost.run_id, stuck);
+        queue.enqueue(fresh).await.unwrap();
+        let next = queue
+            .claim("w2", Duration::from_secs(30))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            next.run_id, stuck,
+            "the lease expired before `fresh` was enqueued"
+        );
+        assert_eq!(next.attempt, 2);
+        let after = queue
+            .claim("w2", Duration::from_secs(30))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(after.run_id, fresh);
+        assert!(
+            queue
+                .claim("w3", Duration::from_secs(30))
+                .await
+                .unwrap()
+                .is_none()
+        );
+        let state = lock_state(&queue.state);
+        assert_eq!(
+            state.index.len(),
+            state.jobs.len(),
+            "one index entry per job"
+        );
+    }
+
     #[test]
     fn jitter_is_small() {
         assert_eq!(jitter(Duration::ZERO), Duration::ZERO);

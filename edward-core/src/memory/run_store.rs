@@ -437,3 +437,97 @@ impl RunStore for MemoryRunStore {
             .collect())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn new_run(user: &str, chat: &str) -> NewRun {
+        NewRun {
+            id: RunId::new(),
+            user_id: user.into(),
+            chat_id: chat.into(),
+            request: json!({}),
+            first_event: NewEvent::new("run_queued", json!({})),
+        }
+    }
+
+    fn finished() -> NewEvent {
+        NewEvent::new(RUN_FINISHED, json!({}))
+    }
+
+    #[tokio::test]
+    async fn terminal_event_only_through_finish_and_only_last() {
+        let store = MemoryRunStore::new();
+        let run = store
+            .admit(new_run("u", "c"), AdmissionLimits::default())
+            .await
+            .unwrap();
+        let refused = store
+            .append_events(run.id, Fence(0), vec![finished()])
+            .await;
+        assert!(matches!(
+            refused,
+            Err(StoreError::Backend {
+                retryable: false,
+                ..
+            })
+        ));
+        for events in [
+            vec![],
+            vec![NewEvent::new("x", json!({}))],
+            vec![finished(), NewEvent::new("x", json!({}))],
+            vec![finished(), finished()],
+        ] {
+            let refused = store
+                .finish_run(run.id, None, RunStatus::Failed, "r", events)
+                .await;
+            assert!(matches!(
+                refused,
+                Err(StoreError::Backend {
+                    retryable: false,
+                    ..
+                })
+            ));
+        }
+        let run_after = store.get_run(run.id).await.unwrap().unwrap();
+        assert_eq!(run_after.status, RunStatus::Queued);
+        assert_eq!(run_after.last_seq, 1, "refused calls write nothing");
+    }
+
+    #[tokio::test]
+    async fn counters_and_status_index_follow_the_lifecycle() {
+        let store = MemoryRunStore::new();
+        let a = store
+            .admit(new_run("u", "c1"), AdmissionLimits::default())
+            .await
+            .unwrap();
+        let b = store
+            .admit(new_run("u", "c2"), AdmissionLimits::default())
+            .await
+            .unwrap();
+        store.start_run(a.id, Fence(1)).await.unwrap();
+        {
+            let state = lock_state(&store.state);
+            assert_eq!(state.active_global, 2);
+            assert_eq!(state.active_per_user["u"], 2);
+            assert_eq!(state.by_status[&RunStatus::Queued].len(), 1);
+            assert_eq!(state.by_status[&RunStatus::Running].len(), 1);
+        }
+        for id in [a.id, b.id] {
+            store
+                .finish_run(id, None, RunStatus::Cancelled, "r", vec![finished()])
+                .await
+                .unwrap();
+        }
+        let state = lock_state(&store.state);
+        assert_eq!(state.active_global, 0);
+        assert!(state.active_per_user.is_empty(), "no empty counters linger");
+        assert!(state.active_per_chat.is_empty());
+        assert!(state.by_status[&RunStatus::Queued].is_empty());
+        assert!(state.by_status[&RunStatus::Running].is_empty());
+        assert_eq!(state.by_status[&RunStatus::Cancelled].len(), 2);
+    }
+}
