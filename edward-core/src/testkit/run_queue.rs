@@ -21,7 +21,7 @@ pub const LEASE: Duration = Duration::from_secs(60);
 /// At most this many claims per sweep.
 const MAX_CLAIMS: usize = 200;
 
-/// Claim until nothing is ready (or [`MAX_CLAIMS`]); return the leases on
+/// Claim until nothing is ready (or 200 claims); return the leases on
 /// ids in `mine` in claim order and release every other lease.
 pub async fn claim_mine<Q: RunQueue + ?Sized>(
     queue: &Q,

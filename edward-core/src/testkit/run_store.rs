@@ -684,7 +684,8 @@ pub async fn check_finish_without_fence<S: RunStore + ?Sized>(store: &S) {
     );
 }
 
-/// `events_after` pages in order and honours `limit`.
+/// `events_after` pages in order and honours `limit` (0 gives nothing;
+/// `usize::MAX` means no limit, so adapters must clamp it, not overflow).
 pub async fn check_events_after_paging<S: RunStore + ?Sized>(store: &S) {
     let run = admit_fresh(store).await;
     store.start_run(run.id, Fence(1)).await.expect("start_run");
