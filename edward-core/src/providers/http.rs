@@ -176,6 +176,7 @@ impl CommonOptions {
 }
 
 /// Builder methods shared by every provider builder (expects a field `common: CommonOptions`).
+#[allow(unused_macros)]
 macro_rules! common_builder_methods {
     () => {
         /// The API key.
@@ -228,6 +229,7 @@ macro_rules! common_builder_methods {
         }
     };
 }
+#[allow(unused_imports)]
 pub(crate) use common_builder_methods;
 
 /// The shared HTTP machinery of one provider client.

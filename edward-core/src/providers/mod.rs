@@ -113,19 +113,18 @@ impl std::fmt::Debug for SelectedModel {
 /// environment (`OPENAI_API_KEY`, `OPENAI_BASE_URL`, `ANTHROPIC_API_KEY`,
 /// `ANTHROPIC_BASE_URL`, `GEMINI_API_KEY`, `GEMINI_BASE_URL`).
 pub fn client_for(spec: &ModelSpec) -> Result<SelectedModel, ProviderConfigError> {
-    let client: Arc<dyn ModelClient> = match spec.provider.as_str() {
+    let client: Option<Arc<dyn ModelClient>> = match spec.provider.as_str() {
         #[cfg(feature = "openai")]
-        "openai" => Arc::new(OpenAiClient::from_env()?),
+        "openai" => Some(Arc::new(OpenAiClient::from_env()?)),
         #[cfg(feature = "anthropic")]
-        "anthropic" => Arc::new(AnthropicClient::from_env()?),
+        "anthropic" => Some(Arc::new(AnthropicClient::from_env()?)),
         #[cfg(feature = "gemini")]
-        "gemini" => Arc::new(GeminiClient::from_env()?),
-        other => {
-            return Err(ProviderConfigError::UnsupportedProvider {
-                provider: other.to_owned(),
-            });
-        }
+        "gemini" => Some(Arc::new(GeminiClient::from_env()?)),
+        _ => None,
     };
+    let client = client.ok_or_else(|| ProviderConfigError::UnsupportedProvider {
+        provider: spec.provider.clone(),
+    })?;
     Ok(SelectedModel {
         client,
         model: spec.model.clone(),
