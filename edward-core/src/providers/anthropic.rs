@@ -153,7 +153,7 @@ impl ModelClient for AnthropicClient {
         let (first, rest) = self
             .core
             .open(&url, &body, &request.model, &cancel)
-            .instrument(span)
+            .instrument(span.clone())
             .await?;
         Ok(drive(
             self.core.clone(),
@@ -162,6 +162,7 @@ impl ModelClient for AnthropicClient {
             rest,
             request,
             cancel,
+            span,
         ))
     }
 }

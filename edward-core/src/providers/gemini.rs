@@ -173,7 +173,7 @@ impl ModelClient for GeminiClient {
         let (first, rest) = self
             .core
             .open(&url, &body, &request.model, &cancel)
-            .instrument(span)
+            .instrument(span.clone())
             .await?;
         Ok(drive(
             self.core.clone(),
@@ -182,6 +182,7 @@ impl ModelClient for GeminiClient {
             rest,
             request,
             cancel,
+            span,
         ))
     }
 }

@@ -15,6 +15,7 @@ use futures::StreamExt;
 use futures::stream::BoxStream;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use super::retry::{RetryPolicy, Verdict, parse_retry_after, with_retry};
 use super::sse::{SseDecoder, SseEvent};
@@ -640,6 +641,7 @@ struct Driver<P> {
     request: ModelRequest,
     pending_err: Option<ModelError>,
     finished: bool,
+    span: tracing::Span,
 }
 
 /// Turn an opened response into a [`ModelStream`]: text and thinking as
@@ -653,6 +655,7 @@ pub(crate) fn drive<P: WireParser>(
     body: BoxStream<'static, reqwest::Result<Bytes>>,
     request: ModelRequest,
     cancel: CancellationToken,
+    span: tracing::Span,
 ) -> ModelStream {
     let driver = Driver {
         core,
@@ -665,9 +668,11 @@ pub(crate) fn drive<P: WireParser>(
         request,
         pending_err: None,
         finished: false,
+        span,
     };
     futures::stream::unfold(driver, |mut d| async move {
-        let item = d.next_item().await?;
+        let span = d.span.clone();
+        let item = d.next_item().instrument(span).await?;
         Some((item, d))
     })
     .boxed()
@@ -683,6 +688,7 @@ impl<P: WireParser> Driver<P> {
                 return None;
             }
             if let Some(e) = self.pending_err.take() {
+                tracing::warn!(error = %e, "model stream failed");
                 self.finished = true;
                 return Some(Err(e));
             }
@@ -788,6 +794,13 @@ impl<P: WireParser> Driver<P> {
             .finish
             .take()
             .unwrap_or_else(|| FinishReason::Other("unspecified".into()));
+        tracing::debug!(
+            input_tokens = usage.input_tokens,
+            output_tokens = usage.output_tokens,
+            estimated = usage.estimated,
+            finish = ?finish,
+            "model stream finished"
+        );
         self.acc.out.push_back(ModelChunk::Usage(usage));
         self.acc.out.push_back(ModelChunk::Finish(finish));
         self.finished = true;

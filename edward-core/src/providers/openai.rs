@@ -172,7 +172,7 @@ impl ModelClient for OpenAiClient {
         let (first, rest) = self
             .core
             .open(&url, &body, &request.model, &cancel)
-            .instrument(span)
+            .instrument(span.clone())
             .await?;
         Ok(drive(
             self.core.clone(),
@@ -181,6 +181,7 @@ impl ModelClient for OpenAiClient {
             rest,
             request,
             cancel,
+            span,
         ))
     }
 }
@@ -224,6 +225,10 @@ impl WireParser for OpenAiParser {
                     }
                 }
                 if let Some(t) = delta.get("content").and_then(|t| t.as_str()) {
+                    acc.text(t);
+                }
+                // A refusal is what the model said: shown as text, never dropped.
+                if let Some(t) = delta.get("refusal").and_then(|t| t.as_str()) {
                     acc.text(t);
                 }
             }
