@@ -13,6 +13,11 @@ cargo fmt --all -- --check
 step "cargo clippy (all targets, all features, -D warnings)"
 cargo clippy --workspace --all-targets --all-features -- -D warnings
 
+step "start PostgreSQL (scripts/pg.sh)"
+trap 'scripts/pg.sh stop' EXIT
+EDWARD_TEST_DATABASE_URL="$(scripts/pg.sh start)"
+export EDWARD_TEST_DATABASE_URL
+
 step "cargo test (all features)"
 cargo test --workspace --all-features 2>&1 | tee target/test-output.txt
 grep -E '^test result:' target/test-output.txt | awk '

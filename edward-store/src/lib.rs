@@ -1,1 +1,36 @@
-//! Durable stores: SQLite (feature `sqlite`), Postgres (feature `postgres`) and Redis adapters. Work in progress.
+//! Durable adapters of Edward's storage traits over [`sqlx`].
+//!
+//! - [`SqliteStore`] (feature `sqlite`): the embedded durable default — one
+//!   SQLite file holds runs, events, checkpoints, side-effect records and the
+//!   work queue; implements [`edward_core::RunStore`] and
+//!   [`edward_core::RunQueue`].
+//! - [`PgStore`], [`PgQueue`] and [`PgNotifier`] (feature `postgres`): many
+//!   worker processes on one Postgres database, with `FOR UPDATE SKIP LOCKED`
+//!   claims, fences from a sequence, advisory-lock admission and
+//!   `LISTEN`/`NOTIFY` wake-ups.
+//!
+//! Migrations are embedded (`migrations/sqlite`, `migrations/postgres`) and
+//! run on connect unless [`StoreOptions::migrate`] is turned off.
+//!
+//! **Architecture invariant:** this crate is the only one that knows SQL.
+//! **API boundary:** everything public here is a constructor or an options
+//! type; behaviour is the trait contract of `edward-core`.
+#![deny(missing_docs)]
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod common;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod error;
+#[cfg(feature = "postgres")]
+mod postgres;
+#[cfg(feature = "sqlite")]
+mod sqlite;
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub use common::StoreOptions;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub use error::ConnectError;
+#[cfg(feature = "postgres")]
+pub use postgres::{PgNotifier, PgOptions, PgQueue, PgStore, migrate as migrate_postgres};
+#[cfg(feature = "sqlite")]
+pub use sqlite::SqliteStore;

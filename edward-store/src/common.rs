@@ -1,0 +1,305 @@
+//! Helpers shared by the SQLite and Postgres adapters: options, the checks
+//! that precede every write (so both backends refuse the same things, in the
+//! same order as the in-memory store), integer conversions and backoff jitter.
+
+use std::time::Duration;
+
+use edward_core::{
+    EffectState, Fence, NewEvent, QueueError, RUN_FINISHED, RetryPolicy, RunId, RunStatus,
+    StoreError,
+};
+use rand::Rng;
+
+/// Options common to both backends.
+///
+/// ```
+/// let options = edward_store::StoreOptions::default().migrate(false).max_connections(4);
+/// assert!(!options.run_migrations);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreOptions {
+    /// Run the embedded migrations on connect (default `true`).
+    pub run_migrations: bool,
+    /// Pool size (default 8). For SQLite this is the number of readers;
+    /// writes go through one connection.
+    pub max_connections: u32,
+    /// How long to wait for a pooled connection (and, on SQLite, for the
+    /// write lock held by another process) before failing retryably.
+    pub acquire_timeout: Duration,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions {
+            run_migrations: true,
+            max_connections: 8,
+            acquire_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+impl StoreOptions {
+    /// Turn migrations on connect on or off.
+    pub fn migrate(mut self, run: bool) -> Self {
+        self.run_migrations = run;
+        self
+    }
+
+    /// Set the pool size (at least 1).
+    pub fn max_connections(mut self, n: u32) -> Self {
+        self.max_connections = n.max(1);
+        self
+    }
+
+    /// Set the acquire timeout.
+    pub fn acquire_timeout(mut self, timeout: Duration) -> Self {
+        self.acquire_timeout = timeout;
+        self
+    }
+}
+
+/// Stored `u64` → SQL `BIGINT`.
+pub(crate) fn to_i64(value: u64, what: &str) -> Result<i64, StoreError> {
+    i64::try_from(value).map_err(|_| StoreError::permanent(format!("{what} {value} out of range")))
+}
+
+/// SQL `BIGINT` → `u64`.
+pub(crate) fn to_u64(value: i64, what: &str) -> Result<u64, StoreError> {
+    u64::try_from(value).map_err(|_| StoreError::Corrupt(format!("negative {what} {value}")))
+}
+
+pub(crate) fn parse_effect_state(s: &str) -> Result<EffectState, StoreError> {
+    match s {
+        "started" => Ok(EffectState::Started),
+        "completed" => Ok(EffectState::Completed),
+        other => Err(StoreError::Corrupt(format!("effect state `{other}`"))),
+    }
+}
+
+pub(crate) fn parse_status(s: &str) -> Result<RunStatus, StoreError> {
+    s.parse::<RunStatus>().map_err(StoreError::Corrupt)
+}
+
+/// `append_events` may not carry the terminal event: only `finish_run` appends it.
+pub(crate) fn check_append_events(run_id: RunId, events: &[NewEvent]) -> Result<(), StoreError> {
+    if events.iter().any(|e| e.kind == RUN_FINISHED) {
+        return Err(StoreError::permanent(format!(
+            "run {run_id}: `{RUN_FINISHED}` may only be appended by finish_run"
+        )));
+    }
+    Ok(())
+}
+
+/// Decide whether a `finish_run` may proceed on a run in `status` with `fence`.
+/// Same order of checks as the in-memory store: finished, fence, transition, events.
+pub(crate) fn check_finish(
+    run_id: RunId,
+    current_status: RunStatus,
+    current_fence: Fence,
+    given_fence: Option<Fence>,
+    to: RunStatus,
+    events: &[NewEvent],
+) -> Result<(), StoreError> {
+    if current_status.is_terminal() {
+        return Err(StoreError::Finished { run_id });
+    }
+    if let Some(given) = given_fence {
+        check_fence(run_id, current_fence, given)?;
+    }
+    if !to.is_terminal() {
+        return Err(StoreError::InvalidTransition {
+            run_id,
+            from: current_status,
+            to,
+        });
+    }
+    let ok = match events.split_last() {
+        Some((last, rest)) => {
+            last.kind == RUN_FINISHED && !rest.iter().any(|e| e.kind == RUN_FINISHED)
+        }
+        None => false,
+    };
+    if !ok {
+        return Err(StoreError::permanent(format!(
+            "run {run_id}: finish_run needs exactly one `{RUN_FINISHED}` event, last"
+        )));
+    }
+    Ok(())
+}
+
+/// `StaleFence` when `given` is older than the run's fence.
+pub(crate) fn check_fence(run_id: RunId, current: Fence, given: Fence) -> Result<(), StoreError> {
+    if given < current {
+        return Err(StoreError::StaleFence {
+            run_id,
+            given,
+            current,
+        });
+    }
+    Ok(())
+}
+
+/// The explanation for a conditional write that matched no row.
+pub(crate) fn diagnose(
+    run_id: RunId,
+    found: Option<(RunStatus, Fence)>,
+    given: Fence,
+    check_finished: bool,
+) -> StoreError {
+    match found {
+        None => StoreError::NotFound { run_id },
+        Some((status, _)) if check_finished && status.is_terminal() => {
+            StoreError::Finished { run_id }
+        }
+        Some((_, current)) if given < current => StoreError::StaleFence {
+            run_id,
+            given,
+            current,
+        },
+        // The row changed between the write and the read: report it as a
+        // retryable conflict rather than guess.
+        Some(_) => StoreError::transient(format!("run {run_id}: concurrent update, retry")),
+    }
+}
+
+/// The retry delay after `attempt` with up to +10 % random jitter, so that
+/// jobs failing together do not come back together.
+pub(crate) fn backoff_with_jitter(policy: &RetryPolicy, attempt: u32) -> Duration {
+    let base = policy.delay_after(attempt);
+    let max_jitter_ms = u64::try_from(base.as_millis() / 10).unwrap_or(u64::MAX);
+    let jitter = if max_jitter_ms == 0 {
+        0
+    } else {
+        rand::rng().random_range(0..=max_jitter_ms)
+    };
+    base + Duration::from_millis(jitter)
+}
+
+/// Milliseconds of a lease (zero releases it at once: claimable again).
+pub(crate) fn lease_ms(lease_for: Duration) -> i64 {
+    i64::try_from(lease_for.as_millis()).unwrap_or(i64::MAX)
+}
+
+pub(crate) fn lease_lost(run_id: RunId, fence: Fence) -> QueueError {
+    QueueError::LeaseLost { run_id, fence }
+}
+
+pub(crate) fn queue_range(value: u64) -> Result<i64, QueueError> {
+    i64::try_from(value).map_err(|_| QueueError::Backend {
+        message: format!("fence {value} out of range"),
+        retryable: false,
+    })
+}
+
+pub(crate) fn queue_corrupt(what: impl std::fmt::Display) -> QueueError {
+    QueueError::Backend {
+        message: format!("corrupt queue row: {what}"),
+        retryable: false,
+    }
+}
+
+/// Stable 64-bit FNV-1a hash (advisory-lock keys must agree across builds and
+/// processes, which `std`'s hasher does not promise).
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+pub(crate) fn fnv1a64(parts: &[&[u8]]) -> i64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for part in parts {
+        for byte in *part {
+            hash ^= u64::from(*byte);
+            hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        // Separator so ("ab","c") and ("a","bc") differ.
+        hash ^= 0xff;
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    hash as i64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jitter_stays_within_ten_percent() {
+        let policy = RetryPolicy {
+            max_attempts: 5,
+            base_delay_ms: 1000,
+            max_delay_ms: 60_000,
+        };
+        for attempt in 1..6 {
+            let base = policy.delay_after(attempt);
+            let d = backoff_with_jitter(&policy, attempt);
+            assert!(d >= base && d <= base + base / 10, "{d:?} vs {base:?}");
+        }
+    }
+
+    #[test]
+    fn fnv_is_stable_and_separates_parts() {
+        assert_eq!(
+            fnv1a64(&[b"user:", b"alice"]),
+            fnv1a64(&[b"user:", b"alice"])
+        );
+        assert_ne!(fnv1a64(&[b"ab", b"c"]), fnv1a64(&[b"a", b"bc"]));
+    }
+
+    #[test]
+    fn finish_checks_follow_memory_order() {
+        let id = RunId::new();
+        let done = vec![NewEvent::new(RUN_FINISHED, serde_json::json!({}))];
+        assert!(matches!(
+            check_finish(
+                id,
+                RunStatus::Completed,
+                Fence(1),
+                Some(Fence(0)),
+                RunStatus::Running,
+                &done
+            ),
+            Err(StoreError::Finished { .. })
+        ));
+        assert!(matches!(
+            check_finish(
+                id,
+                RunStatus::Running,
+                Fence(2),
+                Some(Fence(1)),
+                RunStatus::Running,
+                &done
+            ),
+            Err(StoreError::StaleFence { .. })
+        ));
+        assert!(matches!(
+            check_finish(
+                id,
+                RunStatus::Running,
+                Fence(2),
+                None,
+                RunStatus::Running,
+                &done
+            ),
+            Err(StoreError::InvalidTransition { .. })
+        ));
+        assert!(
+            check_finish(
+                id,
+                RunStatus::Running,
+                Fence(2),
+                None,
+                RunStatus::Failed,
+                &[]
+            )
+            .is_err()
+        );
+        assert!(
+            check_finish(
+                id,
+                RunStatus::Queued,
+                Fence(0),
+                None,
+                RunStatus::Cancelled,
+                &done
+            )
+            .is_ok()
+        );
+    }
+}

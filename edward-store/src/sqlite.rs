@@ -1,0 +1,794 @@
+//! [`SqliteStore`]: the embedded durable store and queue on one SQLite file.
+//!
+//! Writes go through a single pooled connection and every write transaction
+//! is `BEGIN IMMEDIATE`, so a transaction that reads before it writes (admit,
+//! append, claim) holds the database's write lock from its first statement:
+//! admission is an exact check-and-insert, and seqs and fences cannot race.
+//! Other processes opening the same file wait for the lock up to the
+//! configured timeout (`busy_timeout`), then fail retryably. Reads use a
+//! separate pool of readers (WAL mode lets them run beside the writer).
+
+use std::path::Path;
+use std::str::FromStr;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use edward_core::{
+    AdmissionError, AdmissionLimits, AdmitError, Checkpoint, DeadLetter, EffectRecord, Fence,
+    Lease, NewEvent, NewRun, QueueError, RetryOutcome, RetryPolicy, Run, RunEvent, RunId, RunQueue,
+    RunStatus, RunStore, StoreError,
+};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
+    SqliteSynchronous,
+};
+use sqlx::{Row, Sqlite, Transaction};
+use uuid::Uuid;
+
+use crate::common::{
+    StoreOptions, backoff_with_jitter, check_append_events, check_finish, diagnose, lease_lost,
+    lease_ms, parse_effect_state, parse_status, queue_corrupt, queue_range, to_i64, to_u64,
+};
+use crate::error::{ConnectError, corrupt, queue_err, store_err};
+
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
+
+const RUN_COLUMNS: &str = "id, user_id, chat_id, status, request, fence, last_seq, \
+     created_at, updated_at, finished_at, terminal_reason";
+
+/// SQLite [`RunStore`] + [`RunQueue`]: the embedded durable default.
+///
+/// Cloning is cheap (the pools are shared).
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), edward_store::ConnectError> {
+/// let store = edward_store::SqliteStore::open("edward.db").await?;
+/// # let _ = store; Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct SqliteStore {
+    writer: SqlitePool,
+    reader: SqlitePool,
+}
+
+impl SqliteStore {
+    /// Open (creating if missing) the database file at `path` with default options.
+    pub async fn open(path: impl AsRef<Path>) -> Result<Self, ConnectError> {
+        let options = SqliteConnectOptions::new()
+            .filename(path)
+            .create_if_missing(true);
+        Self::connect_with(options, StoreOptions::default()).await
+    }
+
+    /// Connect to a `sqlite:` URL (e.g. `sqlite://edward.db`, `sqlite::memory:`),
+    /// creating the file if missing.
+    pub async fn connect(url: &str) -> Result<Self, ConnectError> {
+        let options = SqliteConnectOptions::from_str(url)
+            .map_err(|e| ConnectError::Config(e.to_string()))?
+            .create_if_missing(true);
+        Self::connect_with(options, StoreOptions::default()).await
+    }
+
+    /// A private in-memory database (one connection; gone when dropped).
+    pub async fn in_memory() -> Result<Self, ConnectError> {
+        let options = SqliteConnectOptions::from_str("sqlite::memory:")
+            .map_err(|e| ConnectError::Config(e.to_string()))?;
+        Self::connect_with(options, StoreOptions::default()).await
+    }
+
+    /// Connect with explicit sqlx connect options and store options.
+    /// WAL journaling, `synchronous = NORMAL` and a busy timeout of
+    /// `store.acquire_timeout` are applied on top of `connect`.
+    pub async fn connect_with(
+        connect: SqliteConnectOptions,
+        store: StoreOptions,
+    ) -> Result<Self, ConnectError> {
+        let in_memory = connect.get_filename() == Path::new(":memory:");
+        let connect = connect
+            .journal_mode(if in_memory {
+                SqliteJournalMode::Memory
+            } else {
+                SqliteJournalMode::Wal
+            })
+            .synchronous(SqliteSynchronous::Normal)
+            .busy_timeout(store.acquire_timeout);
+        let writer = SqlitePoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(store.acquire_timeout)
+            // An in-memory database lives only as long as its connection.
+            .idle_timeout(if in_memory {
+                None
+            } else {
+                Some(Duration::from_secs(600))
+            })
+            .max_lifetime(if in_memory {
+                None
+            } else {
+                Some(Duration::from_secs(1800))
+            })
+            .connect_with(connect.clone())
+            .await
+            .map_err(ConnectError::Connect)?;
+        if store.run_migrations {
+            MIGRATOR.run(&writer).await?;
+        }
+        let reader = if in_memory {
+            writer.clone()
+        } else {
+            SqlitePoolOptions::new()
+                .max_connections(store.max_connections)
+                .acquire_timeout(store.acquire_timeout)
+                .connect_with(connect.read_only(true))
+                .await
+                .map_err(ConnectError::Connect)?
+        };
+        Ok(SqliteStore { writer, reader })
+    }
+
+    /// Close both pools.
+    pub async fn close(&self) {
+        self.writer.close().await;
+        self.reader.close().await;
+    }
+
+    async fn begin_write(&self) -> Result<Transaction<'static, Sqlite>, sqlx::Error> {
+        self.writer.begin_with("BEGIN IMMEDIATE").await
+    }
+}
+
+fn micros(at: DateTime<Utc>) -> i64 {
+    at.timestamp_micros()
+}
+
+fn from_micros(us: i64) -> Result<DateTime<Utc>, StoreError> {
+    DateTime::from_timestamp_micros(us).ok_or_else(|| corrupt(format!("timestamp {us}")))
+}
+
+fn json_text(value: &serde_json::Value) -> String {
+    // Serialising a `Value` cannot fail: its keys are strings.
+    serde_json::to_string(value).unwrap_or_else(|_| "null".to_owned())
+}
+
+fn parse_json(text: &str) -> Result<serde_json::Value, StoreError> {
+    serde_json::from_str(text).map_err(|e| corrupt(format!("json: {e}")))
+}
+
+fn run_from_row(row: &SqliteRow) -> Result<Run, StoreError> {
+    let id: Uuid = row.try_get("id").map_err(store_err)?;
+    let status: String = row.try_get("status").map_err(store_err)?;
+    let request: String = row.try_get("request").map_err(store_err)?;
+    let finished_at: Option<i64> = row.try_get("finished_at").map_err(store_err)?;
+    Ok(Run {
+        id: RunId(id),
+        user_id: row.try_get("user_id").map_err(store_err)?,
+        chat_id: row.try_get("chat_id").map_err(store_err)?,
+        status: parse_status(&status)?,
+        request: parse_json(&request)?,
+        fence: Fence(to_u64(row.try_get("fence").map_err(store_err)?, "fence")?),
+        last_seq: to_u64(row.try_get("last_seq").map_err(store_err)?, "last_seq")?,
+        created_at: from_micros(row.try_get("created_at").map_err(store_err)?)?,
+        updated_at: from_micros(row.try_get("updated_at").map_err(store_err)?)?,
+        finished_at: finished_at.map(from_micros).transpose()?,
+        terminal_reason: row.try_get("terminal_reason").map_err(store_err)?,
+    })
+}
+
+fn event_from_row(run_id: RunId, row: &SqliteRow) -> Result<RunEvent, StoreError> {
+    let payload: String = row.try_get("payload").map_err(store_err)?;
+    Ok(RunEvent {
+        run_id,
+        seq: to_u64(row.try_get("seq").map_err(store_err)?, "seq")?,
+        kind: row.try_get("kind").map_err(store_err)?,
+        at: from_micros(row.try_get("at").map_err(store_err)?)?,
+        payload: parse_json(&payload)?,
+    })
+}
+
+fn effect_from_row(key: &str, row: &SqliteRow) -> Result<EffectRecord, StoreError> {
+    let state: String = row.try_get("state").map_err(store_err)?;
+    let request: String = row.try_get("request").map_err(store_err)?;
+    let result: Option<String> = row.try_get("result").map_err(store_err)?;
+    let attempts: i64 = row.try_get("attempts").map_err(store_err)?;
+    Ok(EffectRecord {
+        key: key.to_owned(),
+        state: parse_effect_state(&state)?,
+        request: parse_json(&request)?,
+        result: result.as_deref().map(parse_json).transpose()?,
+        attempts: u32::try_from(attempts).map_err(|_| corrupt(format!("attempts {attempts}")))?,
+    })
+}
+
+/// `(status, fence)` of a run, inside `tx`.
+async fn run_state(
+    tx: &mut Transaction<'static, Sqlite>,
+    run_id: RunId,
+) -> Result<Option<(RunStatus, Fence, i64)>, StoreError> {
+    let row = sqlx::query("SELECT status, fence, last_seq FROM runs WHERE id = ?")
+        .bind(run_id.0)
+        .fetch_optional(&mut **tx)
+        .await
+        .map_err(store_err)?;
+    match row {
+        None => Ok(None),
+        Some(row) => {
+            let status: String = row.try_get(0).map_err(store_err)?;
+            let fence: i64 = row.try_get(1).map_err(store_err)?;
+            let last_seq: i64 = row.try_get(2).map_err(store_err)?;
+            Ok(Some((
+                parse_status(&status)?,
+                Fence(to_u64(fence, "fence")?),
+                last_seq,
+            )))
+        }
+    }
+}
+
+async fn diagnose_in(
+    tx: &mut Transaction<'static, Sqlite>,
+    run_id: RunId,
+    given: Fence,
+    check_finished: bool,
+) -> StoreError {
+    match run_state(tx, run_id).await {
+        Ok(found) => diagnose(run_id, found.map(|(s, f, _)| (s, f)), given, check_finished),
+        Err(e) => e,
+    }
+}
+
+/// Insert `events` with seqs `first_seq..`, all stamped `at`.
+async fn insert_events(
+    tx: &mut Transaction<'static, Sqlite>,
+    run_id: RunId,
+    first_seq: i64,
+    at: DateTime<Utc>,
+    events: Vec<NewEvent>,
+) -> Result<Vec<RunEvent>, StoreError> {
+    let mut persisted = Vec::with_capacity(events.len());
+    for (i, event) in events.into_iter().enumerate() {
+        let seq = first_seq + i as i64;
+        sqlx::query(
+            "INSERT INTO run_events (run_id, seq, kind, at, payload) VALUES (?, ?, ?, ?, ?)",
+        )
+        .bind(run_id.0)
+        .bind(seq)
+        .bind(&event.kind)
+        .bind(micros(at))
+        .bind(json_text(&event.payload))
+        .execute(&mut **tx)
+        .await
+        .map_err(store_err)?;
+        persisted.push(RunEvent {
+            run_id,
+            seq: to_u64(seq, "seq")?,
+            kind: event.kind,
+            at,
+            payload: event.payload,
+        });
+    }
+    Ok(persisted)
+}
+
+/// Truncate to the stored precision so returned values equal re-read ones.
+fn now() -> DateTime<Utc> {
+    let now = Utc::now();
+    DateTime::from_timestamp_micros(now.timestamp_micros()).unwrap_or(now)
+}
+
+async fn count_active(
+    tx: &mut Transaction<'static, Sqlite>,
+    sql: &str,
+    key: Option<&str>,
+) -> Result<u32, StoreError> {
+    let mut query = sqlx::query_scalar::<_, i64>(sql);
+    if let Some(key) = key {
+        query = query.bind(key);
+    }
+    let n = query.fetch_one(&mut **tx).await.map_err(store_err)?;
+    Ok(u32::try_from(n).unwrap_or(u32::MAX))
+}
+
+#[async_trait]
+impl RunStore for SqliteStore {
+    #[tracing::instrument(level = "debug", skip_all, fields(run_id = %run.id))]
+    async fn admit(&self, run: NewRun, limits: AdmissionLimits) -> Result<Run, AdmitError> {
+        let mut tx = self.begin_write().await.map_err(store_err)?;
+        let exists = sqlx::query("SELECT 1 FROM runs WHERE id = ?")
+            .bind(run.id.0)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(store_err)?;
+        if exists.is_some() {
+            return Err(StoreError::AlreadyExists { run_id: run.id }.into());
+        }
+        let chat = count_active(
+            &mut tx,
+            "SELECT COUNT(*) FROM runs WHERE chat_id = ? AND status IN ('queued', 'running')",
+            Some(&run.chat_id),
+        )
+        .await?;
+        if chat >= limits.per_chat {
+            return Err(AdmissionError::ChatLimit {
+                limit: limits.per_chat,
+            }
+            .into());
+        }
+        let user = count_active(
+            &mut tx,
+            "SELECT COUNT(*) FROM runs WHERE user_id = ? AND status IN ('queued', 'running')",
+            Some(&run.user_id),
+        )
+        .await?;
+        if user >= limits.per_user {
+            return Err(AdmissionError::UserLimit {
+                limit: limits.per_user,
+            }
+            .into());
+        }
+        let global = count_active(
+            &mut tx,
+            "SELECT COUNT(*) FROM runs WHERE status IN ('queued', 'running')",
+            None,
+        )
+        .await?;
+        if global >= limits.global {
+            return Err(AdmissionError::GlobalLimit {
+                limit: limits.global,
+            }
+            .into());
+        }
+        let at = now();
+        let row = sqlx::query(&format!(
+            "INSERT INTO runs (id, user_id, chat_id, status, request, fence, last_seq, created_at, updated_at) \
+             VALUES (?, ?, ?, 'queued', ?, 0, 1, ?, ?) RETURNING {RUN_COLUMNS}"
+        ))
+        .bind(run.id.0)
+        .bind(&run.user_id)
+        .bind(&run.chat_id)
+        .bind(json_text(&run.request))
+        .bind(micros(at))
+        .bind(micros(at))
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(store_err)?;
+        let stored = run_from_row(&row)?;
+        insert_events(&mut tx, run.id, 1, at, vec![run.first_event]).await?;
+        tx.commit().await.map_err(store_err)?;
+        Ok(stored)
+    }
+
+    async fn get_run(&self, run_id: RunId) -> Result<Option<Run>, StoreError> {
+        let row = sqlx::query(&format!("SELECT {RUN_COLUMNS} FROM runs WHERE id = ?"))
+            .bind(run_id.0)
+            .fetch_optional(&self.reader)
+            .await
+            .map_err(store_err)?;
+        row.as_ref().map(run_from_row).transpose()
+    }
+
+    #[tracing::instrument(level = "debug", skip(self), fields(run_id = %run_id, fence = %fence))]
+    async fn start_run(&self, run_id: RunId, fence: Fence) -> Result<Run, StoreError> {
+        let given = to_i64(fence.0, "fence")?;
+        let mut tx = self.begin_write().await.map_err(store_err)?;
+        let row = sqlx::query(&format!(
+            "UPDATE runs SET fence = ?, status = 'running', updated_at = ? \
+             WHERE id = ? AND fence <= ? AND status IN ('queued', 'running') \
+             RETURNING {RUN_COLUMNS}"
+        ))
+        .bind(given)
+        .bind(micros(now()))
+        .bind(run_id.0)
+        .bind(given)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(store_err)?;
+        let Some(row) = row else {
+            return Err(diagnose_in(&mut tx, run_id, fence, true).await);
+        };
+        let run = run_from_row(&row)?;
+        tx.commit().await.map_err(store_err)?;
+        Ok(run)
+    }
+
+    #[tracing::instrument(level = "debug", skip(self, events), fields(run_id = %run_id, n = events.len()))]
+    async fn append_events(
+        &self,
+        run_id: RunId,
+        fence: Fence,
+        events: Vec<NewEvent>,
+    ) -> Result<Vec<RunEvent>, StoreError> {
+        check_append_events(run_id, &events)?;
+        let given = to_i64(fence.0, "fence")?;
+        let n = events.len() as i64;
+        let at = now();
+        let mut tx = self.begin_write().await.map_err(store_err)?;
+        let last: Option<i64> = sqlx::query_scalar(
+            "UPDATE runs SET last_seq = last_seq + ?, \
+             updated_at = CASE WHEN ? > 0 THEN ? ELSE updated_at END \
+             WHERE id = ? AND fence <= ? AND status IN ('queued', 'running') RETURNING last_seq",
+        )
+        .bind(n)
+        .bind(n)
+        .bind(micros(at))
+        .bind(run_id.0)
+        .bind(given)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(store_err)?;
+        let Some(last) = last else {
+            return Err(diagnose_in(&mut tx, run_id, fence, true).await);
+        };
+        let persisted = insert_events(&mut tx, run_id, last - n + 1, at, events).await?;
+        tx.commit().await.map_err(store_err)?;
+        Ok(persisted)
+    }
+
+    #[tracing::instrument(level = "debug", skip(self, events), fields(run_id = %run_id, status = %status))]
+    async fn finish_run(
+        &self,
+        run_id: RunId,
+        fence: Option<Fence>,
+        status: RunStatus,
+        reason: &str,
+        events: Vec<NewEvent>,
+    ) -> Result<Vec<RunEvent>, StoreError> {
+        let mut tx = self.begin_write().await.map_err(store_err)?;
+        let Some((current, current_fence, last_seq)) = run_state(&mut tx, run_id).await? else {
+            return Err(StoreError::NotFound { run_id });
+        };
+        check_finish(run_id, current, current_fence, fence, status, &events)?;
+        let at = now();
+        let n = events.len() as i64;
+        sqlx::query(
+            "UPDATE runs SET status = ?, terminal_reason = ?, finished_at = ?, updated_at = ?, \
+             last_seq = last_seq + ? WHERE id = ?",
+        )
+        .bind(status.as_str())
+        .bind(reason)
+        .bind(micros(at))
+        .bind(micros(at))
+        .bind(n)
+        .bind(run_id.0)
+        .execute(&mut *tx)
+        .await
+        .map_err(store_err)?;
+        let persisted = insert_events(&mut tx, run_id, last_seq + 1, at, events).await?;
+        tx.commit().await.map_err(store_err)?;
+        Ok(persisted)
+    }
+
+    async fn events_after(
+        &self,
+        run_id: RunId,
+        after_seq: u64,
+        limit: usize,
+    ) -> Result<Vec<RunEvent>, StoreError> {
+        let after = i64::try_from(after_seq).unwrap_or(i64::MAX);
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = sqlx::query(
+            "SELECT seq, kind, at, payload FROM run_events WHERE run_id = ? AND seq > ? \
+             ORDER BY seq LIMIT ?",
+        )
+        .bind(run_id.0)
+        .bind(after)
+        .bind(limit)
+        .fetch_all(&self.reader)
+        .await
+        .map_err(store_err)?;
+        if rows.is_empty() && self.get_run(run_id).await?.is_none() {
+            return Err(StoreError::NotFound { run_id });
+        }
+        rows.iter().map(|r| event_from_row(run_id, r)).collect()
+    }
+
+    async fn save_checkpoint(
+        &self,
+        run_id: RunId,
+        fence: Fence,
+        checkpoint: Checkpoint,
+    ) -> Result<(), StoreError> {
+        let given = to_i64(fence.0, "fence")?;
+        let mut tx = self.begin_write().await.map_err(store_err)?;
+        let done = sqlx::query(
+            "UPDATE runs SET checkpoint_turn = ?, checkpoint = ?, updated_at = ? \
+             WHERE id = ? AND fence <= ?",
+        )
+        .bind(i64::from(checkpoint.turn))
+        .bind(json_text(&checkpoint.state))
+        .bind(micros(now()))
+        .bind(run_id.0)
+        .bind(given)
+        .execute(&mut *tx)
+        .await
+        .map_err(store_err)?;
+        if done.rows_affected() == 0 {
+            return Err(diagnose_in(&mut tx, run_id, fence, false).await);
+        }
+        tx.commit().await.map_err(store_err)
+    }
+
+    async fn load_checkpoint(&self, run_id: RunId) -> Result<Option<Checkpoint>, StoreError> {
+        let row = sqlx::query("SELECT checkpoint_turn, checkpoint FROM runs WHERE id = ?")
+            .bind(run_id.0)
+            .fetch_optional(&self.reader)
+            .await
+            .map_err(store_err)?;
+        let Some(row) = row else {
+            return Err(StoreError::NotFound { run_id });
+        };
+        let turn: Option<i64> = row.try_get(0).map_err(store_err)?;
+        let state: Option<String> = row.try_get(1).map_err(store_err)?;
+        match (turn, state) {
+            (Some(turn), Some(state)) => Ok(Some(Checkpoint {
+                turn: u32::try_from(turn).map_err(|_| corrupt(format!("turn {turn}")))?,
+                state: parse_json(&state)?,
+            })),
+            _ => Ok(None),
+        }
+    }
+
+    async fn begin_effect(
+        &self,
+        run_id: RunId,
+        fence: Fence,
+        key: &str,
+        request: serde_json::Value,
+    ) -> Result<EffectRecord, StoreError> {
+        let mut tx = self.begin_write().await.map_err(store_err)?;
+        let Some((_, current, _)) = run_state(&mut tx, run_id).await? else {
+            return Err(StoreError::NotFound { run_id });
+        };
+        crate::common::check_fence(run_id, current, fence)?;
+        let at = micros(now());
+        let row = sqlx::query(
+            "INSERT INTO effects (run_id, key, state, request, result, attempts, created_at, updated_at) \
+             VALUES (?, ?, 'started', ?, NULL, 1, ?, ?) \
+             ON CONFLICT (run_id, key) DO UPDATE SET \
+               attempts = effects.attempts + (effects.state = 'started'), \
+               updated_at = excluded.updated_at \
+             RETURNING state, request, result, attempts",
+        )
+        .bind(run_id.0)
+        .bind(key)
+        .bind(json_text(&request))
+        .bind(at)
+        .bind(at)
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(store_err)?;
+        let record = effect_from_row(key, &row)?;
+        tx.commit().await.map_err(store_err)?;
+        Ok(record)
+    }
+
+    async fn complete_effect(
+        &self,
+        run_id: RunId,
+        fence: Fence,
+        key: &str,
+        result: serde_json::Value,
+    ) -> Result<(), StoreError> {
+        let mut tx = self.begin_write().await.map_err(store_err)?;
+        let Some((_, current, _)) = run_state(&mut tx, run_id).await? else {
+            return Err(StoreError::NotFound { run_id });
+        };
+        crate::common::check_fence(run_id, current, fence)?;
+        let at = micros(now());
+        sqlx::query(
+            "INSERT INTO effects (run_id, key, state, request, result, attempts, created_at, updated_at) \
+             VALUES (?, ?, 'completed', 'null', ?, 1, ?, ?) \
+             ON CONFLICT (run_id, key) DO UPDATE SET \
+               state = 'completed', result = excluded.result, updated_at = excluded.updated_at",
+        )
+        .bind(run_id.0)
+        .bind(key)
+        .bind(json_text(&result))
+        .bind(at)
+        .bind(at)
+        .execute(&mut *tx)
+        .await
+        .map_err(store_err)?;
+        tx.commit().await.map_err(store_err)
+    }
+
+    async fn list_runs(&self, status: RunStatus, limit: usize) -> Result<Vec<Run>, StoreError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = sqlx::query(&format!(
+            "SELECT {RUN_COLUMNS} FROM runs WHERE status = ? ORDER BY created_at, id LIMIT ?"
+        ))
+        .bind(status.as_str())
+        .bind(limit)
+        .fetch_all(&self.reader)
+        .await
+        .map_err(store_err)?;
+        rows.iter().map(run_from_row).collect()
+    }
+}
+
+fn queue_time(us: i64) -> Result<DateTime<Utc>, QueueError> {
+    DateTime::from_timestamp_micros(us).ok_or_else(|| queue_corrupt(format!("timestamp {us}")))
+}
+
+fn lease_from_row(row: &SqliteRow) -> Result<Lease, QueueError> {
+    let id: Uuid = row.try_get("run_id").map_err(queue_err)?;
+    let fence: i64 = row.try_get("fence").map_err(queue_err)?;
+    let attempts: i64 = row.try_get("attempts").map_err(queue_err)?;
+    let expires: i64 = row.try_get("lease_expires_at").map_err(queue_err)?;
+    Ok(Lease {
+        run_id: RunId(id),
+        owner: row.try_get("owner").map_err(queue_err)?,
+        fence: Fence(u64::try_from(fence).map_err(|_| queue_corrupt(format!("fence {fence}")))?),
+        attempt: u32::try_from(attempts)
+            .map_err(|_| queue_corrupt(format!("attempts {attempts}")))?,
+        expires_at: queue_time(expires)?,
+    })
+}
+
+#[async_trait]
+impl RunQueue for SqliteStore {
+    async fn enqueue(&self, run_id: RunId) -> Result<(), QueueError> {
+        sqlx::query(
+            "INSERT INTO queue (run_id, run_at) VALUES (?, ?) ON CONFLICT (run_id) DO NOTHING",
+        )
+        .bind(run_id.0)
+        .bind(micros(now()))
+        .execute(&self.writer)
+        .await
+        .map_err(queue_err)?;
+        Ok(())
+    }
+
+    #[tracing::instrument(level = "debug", skip(self))]
+    async fn claim(&self, owner: &str, lease_for: Duration) -> Result<Option<Lease>, QueueError> {
+        let mut tx = self.begin_write().await.map_err(queue_err)?;
+        let now_us = micros(now());
+        let candidate: Option<i64> = sqlx::query_scalar(
+            "SELECT seq FROM queue WHERE dead_lettered_at IS NULL AND run_at <= ? \
+             AND (owner IS NULL OR lease_expires_at <= ?) ORDER BY run_at, seq LIMIT 1",
+        )
+        .bind(now_us)
+        .bind(now_us)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(queue_err)?;
+        let Some(seq) = candidate else {
+            return Ok(None);
+        };
+        let fence: i64 = sqlx::query_scalar(
+            "UPDATE fence_counter SET value = value + 1 WHERE id = 1 RETURNING value",
+        )
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(queue_err)?;
+        let expires = now_us.saturating_add(lease_ms(lease_for).saturating_mul(1000));
+        let row = sqlx::query(
+            "UPDATE queue SET owner = ?, fence = ?, attempts = attempts + 1, lease_expires_at = ? \
+             WHERE seq = ? RETURNING run_id, owner, fence, attempts, lease_expires_at",
+        )
+        .bind(owner)
+        .bind(fence)
+        .bind(expires)
+        .bind(seq)
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(queue_err)?;
+        let lease = lease_from_row(&row)?;
+        tx.commit().await.map_err(queue_err)?;
+        tracing::debug!(run_id = %lease.run_id, fence = %lease.fence, attempt = lease.attempt, "claimed");
+        Ok(Some(lease))
+    }
+
+    async fn heartbeat(&self, lease: &Lease, lease_for: Duration) -> Result<Lease, QueueError> {
+        let expires = micros(now()).saturating_add(lease_ms(lease_for).saturating_mul(1000));
+        let row = sqlx::query(
+            "UPDATE queue SET lease_expires_at = ? WHERE run_id = ? AND owner = ? AND fence = ? \
+             AND dead_lettered_at IS NULL RETURNING run_id, owner, fence, attempts, lease_expires_at",
+        )
+        .bind(expires)
+        .bind(lease.run_id.0)
+        .bind(&lease.owner)
+        .bind(queue_range(lease.fence.0)?)
+        .fetch_optional(&self.writer)
+        .await
+        .map_err(queue_err)?;
+        match row {
+            Some(row) => lease_from_row(&row),
+            None => Err(lease_lost(lease.run_id, lease.fence)),
+        }
+    }
+
+    async fn ack(&self, lease: &Lease) -> Result<(), QueueError> {
+        let done = sqlx::query(
+            "DELETE FROM queue WHERE run_id = ? AND owner = ? AND fence = ? AND dead_lettered_at IS NULL",
+        )
+        .bind(lease.run_id.0)
+        .bind(&lease.owner)
+        .bind(queue_range(lease.fence.0)?)
+        .execute(&self.writer)
+        .await
+        .map_err(queue_err)?;
+        if done.rows_affected() == 0 {
+            return Err(lease_lost(lease.run_id, lease.fence));
+        }
+        Ok(())
+    }
+
+    async fn retry(
+        &self,
+        lease: &Lease,
+        error: &str,
+        policy: RetryPolicy,
+    ) -> Result<RetryOutcome, QueueError> {
+        let mut tx = self.begin_write().await.map_err(queue_err)?;
+        let attempts: Option<i64> = sqlx::query_scalar(
+            "SELECT attempts FROM queue WHERE run_id = ? AND owner = ? AND fence = ? \
+             AND dead_lettered_at IS NULL",
+        )
+        .bind(lease.run_id.0)
+        .bind(&lease.owner)
+        .bind(queue_range(lease.fence.0)?)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(queue_err)?;
+        let Some(attempts) = attempts else {
+            return Err(lease_lost(lease.run_id, lease.fence));
+        };
+        let attempts = u32::try_from(attempts).unwrap_or(u32::MAX);
+        let at = now();
+        let outcome = if attempts >= policy.max_attempts {
+            sqlx::query(
+                "UPDATE queue SET owner = NULL, lease_expires_at = NULL, last_error = ?, \
+                 dead_lettered_at = ? WHERE run_id = ?",
+            )
+            .bind(error)
+            .bind(micros(at))
+            .bind(lease.run_id.0)
+            .execute(&mut *tx)
+            .await
+            .map_err(queue_err)?;
+            tracing::warn!(run_id = %lease.run_id, attempts, error, "job dead-lettered");
+            RetryOutcome::DeadLettered
+        } else {
+            let delay = backoff_with_jitter(&policy, attempts);
+            let run_at = at + chrono::Duration::from_std(delay).unwrap_or(chrono::Duration::MAX);
+            sqlx::query(
+                "UPDATE queue SET owner = NULL, lease_expires_at = NULL, last_error = ?, run_at = ? \
+                 WHERE run_id = ?",
+            )
+            .bind(error)
+            .bind(micros(run_at))
+            .bind(lease.run_id.0)
+            .execute(&mut *tx)
+            .await
+            .map_err(queue_err)?;
+            RetryOutcome::Scheduled { at: run_at }
+        };
+        tx.commit().await.map_err(queue_err)?;
+        Ok(outcome)
+    }
+
+    async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, QueueError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = sqlx::query(
+            "SELECT run_id, attempts, last_error, dead_lettered_at FROM queue \
+             WHERE dead_lettered_at IS NOT NULL ORDER BY dead_lettered_at DESC, seq DESC LIMIT ?",
+        )
+        .bind(limit)
+        .fetch_all(&self.reader)
+        .await
+        .map_err(queue_err)?;
+        rows.iter()
+            .map(|row| {
+                let id: Uuid = row.try_get(0).map_err(queue_err)?;
+                let attempts: i64 = row.try_get(1).map_err(queue_err)?;
+                let at: i64 = row.try_get(3).map_err(queue_err)?;
+                Ok(DeadLetter {
+                    run_id: RunId(id),
+                    attempts: u32::try_from(attempts).unwrap_or(u32::MAX),
+                    last_error: row.try_get(2).map_err(queue_err)?,
+                    at: queue_time(at)?,
+                })
+            })
+            .collect()
+    }
+}

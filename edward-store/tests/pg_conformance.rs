@@ -1,0 +1,194 @@
+//! The `edward_core::testkit` conformance suites against [`PgStore`],
+//! [`PgQueue`] and [`PgNotifier`] on a real Postgres
+//! (`EDWARD_TEST_DATABASE_URL`, started by `scripts/test.sh` /
+//! `scripts/pg.sh`). Each test works in a fresh schema, so tests running in
+//! parallel (and other test binaries) never see each other's queue rows.
+#![cfg(feature = "postgres")]
+
+mod common;
+
+use std::sync::Arc;
+
+use edward_core::testkit::{notifier, run_queue, run_store};
+use edward_core::{Notifier, RunQueue, RunStore};
+use edward_store::{PgNotifier, PgOptions, PgQueue, PgStore, StoreOptions};
+
+async fn pg_store() -> PgStore {
+    let options = PgOptions::default()
+        .schema(common::fresh_schema())
+        .store(StoreOptions::default().max_connections(16));
+    PgStore::connect_with(&common::database_url(), options)
+        .await
+        .expect("connect to EDWARD_TEST_DATABASE_URL")
+}
+
+async fn pg_queue() -> PgQueue {
+    pg_store().await.queue()
+}
+
+async fn pg_notifier() -> PgNotifier {
+    let store = pg_store().await;
+    PgNotifier::from_pool(store.pool().clone(), &common::fresh_schema())
+        .await
+        .expect("notifier")
+}
+
+macro_rules! checks {
+    ($make:ident as $tr:ident: $($name:ident => $check:path, $arg:ident;)*) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $name() {
+            let adapter: Arc<dyn $tr> = Arc::new($make().await);
+            checks!(@call $check, $arg, adapter);
+        }
+    )*};
+    (@call $check:path, arc, $s:ident) => { $check(Arc::clone(&$s)).await };
+    (@call $check:path, r#ref, $s:ident) => { $check(&*$s).await };
+}
+
+checks! { pg_store as RunStore:
+    store_admit_inserts_queued_with_first_event => run_store::check_admit_inserts_queued_with_first_event, r#ref;
+    store_admission_limits => run_store::check_admission_limits, r#ref;
+    store_concurrent_admits_respect_user_limit => run_store::check_concurrent_admits_respect_user_limit, arc;
+    store_start_run_fences => run_store::check_start_run_fences, r#ref;
+    store_append_gap_free => run_store::check_append_gap_free, r#ref;
+    store_concurrent_appends_gap_free => run_store::check_concurrent_appends_gap_free, arc;
+    store_stale_fence_append_rejected => run_store::check_stale_fence_append_rejected, r#ref;
+    store_finish_run_exactly_once => run_store::check_finish_run_exactly_once, r#ref;
+    store_concurrent_finish_exactly_once => run_store::check_concurrent_finish_exactly_once, arc;
+    store_finish_without_fence => run_store::check_finish_without_fence, r#ref;
+    store_events_after_paging => run_store::check_events_after_paging, r#ref;
+    store_checkpoint_round_trip => run_store::check_checkpoint_round_trip, r#ref;
+    store_effects => run_store::check_effects, r#ref;
+    store_unknown_run => run_store::check_unknown_run, r#ref;
+    store_list_runs_by_status => run_store::check_list_runs_by_status, r#ref;
+    store_run_all => run_store::run_all, arc;
+}
+
+checks! { pg_queue as RunQueue:
+    queue_enqueue_claim_ack => run_queue::check_enqueue_claim_ack, r#ref;
+    queue_claim_order => run_queue::check_claim_order, r#ref;
+    queue_claim_skips_leased => run_queue::check_claim_skips_leased, r#ref;
+    queue_concurrent_claims_exclusive => run_queue::check_concurrent_claims_exclusive, arc;
+    queue_heartbeat_extends => run_queue::check_heartbeat_extends, r#ref;
+    queue_expired_lease_reclaimed => run_queue::check_expired_lease_reclaimed, r#ref;
+    queue_retry_backoff => run_queue::check_retry_backoff, r#ref;
+    queue_dead_letter => run_queue::check_dead_letter, r#ref;
+    queue_enqueue_idempotent => run_queue::check_enqueue_idempotent, r#ref;
+    queue_run_all => run_queue::run_all, arc;
+}
+
+checks! { pg_notifier as Notifier:
+    notifier_subscribe_then_notify => notifier::check_subscribe_then_notify, r#ref;
+    notifier_per_run_isolation => notifier::check_per_run_isolation, r#ref;
+    notifier_notify_without_subscribers => notifier::check_notify_without_subscribers, r#ref;
+    notifier_cancel_broadcast => notifier::check_cancel_broadcast, r#ref;
+    notifier_run_all => notifier::run_all, arc;
+}
+
+/// The suites also pass on the shared default schema (no isolation), as a
+/// deployment would run them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_suite_on_default_schema() {
+    let store = PgStore::connect(&common::database_url())
+        .await
+        .expect("connect");
+    run_store::run_all(Arc::new(store)).await;
+}
+
+/// 1,000 concurrent submits for one user with `per_user = 2`: exactly 2 admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thousand_concurrent_admits_admit_exactly_two() {
+    common::admit_storm(Arc::new(pg_store().await), 1000).await;
+}
+
+/// Two notifiers on one channel prefix (as two processes would have): a
+/// cancel sent through one reaches the subscriber of the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notifications_cross_connections() {
+    use futures::StreamExt;
+    let prefix = common::fresh_schema();
+    let store = pg_store().await;
+    let a = PgNotifier::from_pool(store.pool().clone(), &prefix)
+        .await
+        .expect("a");
+    let b = PgNotifier::connect(&common::database_url())
+        .await
+        .expect("b");
+    // `b` uses the default prefix: it must not see `a`'s prefix.
+    let c = PgNotifier::from_pool(store.pool().clone(), &prefix)
+        .await
+        .expect("c");
+    let mut on_c = c.subscribe_cancels().await.expect("subscribe");
+    let mut on_b = b.subscribe_cancels().await.expect("subscribe");
+    let run = edward_core::RunId::new();
+    a.notify_cancel(run).await.expect("notify");
+    let got = tokio::time::timeout(std::time::Duration::from_secs(10), on_c.next())
+        .await
+        .expect("cancel delivered");
+    assert_eq!(got, Some(run));
+    // Prove `b` is live, then that it never saw `a`'s cancel.
+    let marker = edward_core::RunId::new();
+    b.notify_cancel(marker).await.expect("notify b");
+    let first = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        loop {
+            match on_b.next().await {
+                Some(id) if id == run => return Some(id),
+                Some(id) if id == marker => return None,
+                Some(_) => continue,
+                None => panic!("stream ended"),
+            }
+        }
+    })
+    .await
+    .expect("marker delivered");
+    assert_eq!(first, None, "another prefix's cancel leaked through");
+}
+
+/// A stale worker racing a take-over: appends from the old fence fail with
+/// `StaleFence` once the new fence started, and the log stays gap-free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_worker_racing_takeover_keeps_log_gap_free() {
+    use edward_core::testkit::run_store::{admit_fresh, all_events, cleanup, event};
+    use edward_core::{Fence, StoreError};
+    let store = Arc::new(pg_store().await);
+    let run = admit_fresh(&*store).await;
+    store.start_run(run.id, Fence(1)).await.expect("start");
+    let old = {
+        let store = Arc::clone(&store);
+        tokio::spawn(async move {
+            let mut ok = 0u32;
+            for i in 0..200 {
+                match store
+                    .append_events(run.id, Fence(1), vec![event("old", i)])
+                    .await
+                {
+                    Ok(_) => ok += 1,
+                    Err(StoreError::StaleFence { .. }) => return ok,
+                    Err(e) => panic!("unexpected: {e}"),
+                }
+            }
+            ok
+        })
+    };
+    tokio::task::yield_now().await;
+    store.start_run(run.id, Fence(2)).await.expect("take over");
+    for i in 0..20 {
+        store
+            .append_events(run.id, Fence(2), vec![event("new", i)])
+            .await
+            .expect("new owner appends");
+    }
+    let old_ok = old.await.expect("old task");
+    let events = all_events(&*store, run.id).await;
+    for (i, e) in events.iter().enumerate() {
+        assert_eq!(e.seq, i as u64 + 1);
+    }
+    assert_eq!(events.len() as u32, 1 + old_ok + 20);
+    // No old event after the first new one.
+    let first_new = events
+        .iter()
+        .position(|e| e.kind == "new")
+        .expect("new events");
+    assert!(events[first_new..].iter().all(|e| e.kind == "new"));
+    cleanup(&*store, &[run.id]).await;
+}
