@@ -1,0 +1,837 @@
+//! Side effects of a turn: the lazily provisioned sandbox, the write buffer
+//! and its flush scheduler, installs, commands and web search — each keyed by
+//! an idempotency key `t{turn}/{index}/{kind}` through `begin_effect` /
+//! `complete_effect`, so a resumed run never repeats or loses one.
+//!
+//! The handler consumes [`EffectItem`]s from a bounded channel fed by the
+//! parser loop, one at a time, in order. That makes it the serial
+//! per-sandbox queue: an install finishes before a later command starts,
+//! and files are flushed before every command and install.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use chrono::Utc;
+use serde_json::json;
+use tokio::sync::{OnceCell, mpsc};
+use tokio_util::sync::CancellationToken;
+
+use super::config::EngineConfig;
+use super::events::{EngineEvent, ToolRun};
+use super::prompt::ToolResult;
+use super::sink::RunLog;
+use crate::{
+    EffectRecord, EffectState, ExecOutput, ExecRequest, Fence, FileWrite, InfraError, PendingFile,
+    RunId, RunStore, Sandbox, SandboxError, SandboxKey, SandboxPath, SandboxProvider, SandboxSpec,
+    StoreError, WebSearch, WriteBuffer,
+};
+
+/// Why an effect could not be carried out (the run stops).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum EffectError {
+    /// The run token fired.
+    #[error("stopped")]
+    Stopped,
+    /// The store refused (lost fence, finished) or failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The sandbox could not be provisioned.
+    #[error("sandbox: {0}")]
+    Sandbox(SandboxError),
+    /// The write buffer failed.
+    #[error("write buffer: {0}")]
+    Buffer(#[from] InfraError),
+}
+
+/// The run's sandbox, provisioned on first use.
+pub(crate) struct SandboxSlot {
+    provider: Arc<dyn SandboxProvider>,
+    key: SandboxKey,
+    spec: Mutex<SandboxSpec>,
+    cell: OnceCell<Arc<dyn Sandbox>>,
+    log: RunLog,
+}
+
+impl SandboxSlot {
+    pub(crate) fn new(provider: Arc<dyn SandboxProvider>, key: SandboxKey, log: RunLog) -> Self {
+        SandboxSlot {
+            provider,
+            key,
+            spec: Mutex::new(SandboxSpec::default()),
+            cell: OnceCell::new(),
+            log,
+        }
+    }
+
+    pub(crate) fn key(&self) -> &SandboxKey {
+        &self.key
+    }
+
+    /// Record the first `<edward_sandbox>` attributes (used if not provisioned yet).
+    pub(crate) fn set_spec(&self, spec: SandboxSpec) {
+        if self.cell.get().is_none() {
+            *self
+                .spec
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = spec;
+        }
+    }
+
+    /// The sandbox, provisioning it (idempotently) on first use.
+    pub(crate) async fn get(
+        &self,
+        cancel: &CancellationToken,
+    ) -> Result<Arc<dyn Sandbox>, EffectError> {
+        let fut = self.cell.get_or_try_init(|| async {
+            let spec = self
+                .spec
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clone();
+            let sb = self.provider.provision(&self.key, &spec).await?;
+            self.log
+                .emit(EngineEvent::SandboxReady {
+                    key: self.key.0.clone(),
+                    location: sb.location(),
+                })
+                .await;
+            Ok::<_, SandboxError>(sb)
+        });
+        match cancel.run_until_cancelled(fut).await {
+            None => Err(EffectError::Stopped),
+            Some(Ok(sb)) => Ok(sb.clone()),
+            Some(Err(e)) => Err(EffectError::Sandbox(e)),
+        }
+    }
+}
+
+/// One run's view for the flush scheduler: flushing its pending files and
+/// recording each as a completed effect plus a `file_written` event.
+pub(crate) struct FlushTarget {
+    pub(crate) run_id: RunId,
+    pub(crate) fence: Fence,
+    pub(crate) slot: Arc<SandboxSlot>,
+    pub(crate) store: Arc<dyn RunStore>,
+    pub(crate) buffer: Arc<dyn WriteBuffer>,
+    pub(crate) log: RunLog,
+    pub(crate) cancel: CancellationToken,
+    /// Serialises take+write so an older version never overwrites a newer one.
+    flushing: tokio::sync::Mutex<()>,
+    /// Effect keys waiting for each path.
+    keys: Mutex<HashMap<SandboxPath, Vec<String>>>,
+    /// Files written (or failed) since the last drain: `(path, bytes, error)`.
+    written: Mutex<Vec<(String, u64, Option<String>)>>,
+}
+
+impl FlushTarget {
+    pub(crate) fn new(
+        run_id: RunId,
+        fence: Fence,
+        slot: Arc<SandboxSlot>,
+        store: Arc<dyn RunStore>,
+        buffer: Arc<dyn WriteBuffer>,
+        log: RunLog,
+        cancel: CancellationToken,
+    ) -> Self {
+        FlushTarget {
+            run_id,
+            fence,
+            slot,
+            store,
+            buffer,
+            log,
+            cancel,
+            flushing: tokio::sync::Mutex::new(()),
+            keys: Mutex::new(HashMap::new()),
+            written: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn lock_keys(&self) -> std::sync::MutexGuard<'_, HashMap<SandboxPath, Vec<String>>> {
+        self.keys
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn lock_written(&self) -> std::sync::MutexGuard<'_, Vec<(String, u64, Option<String>)>> {
+        self.written
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Take and drain the written-files list.
+    pub(crate) fn drain_written(&self) -> Vec<(String, u64, Option<String>)> {
+        std::mem::take(&mut *self.lock_written())
+    }
+
+    /// Flush everything pending for this sandbox now.
+    pub(crate) async fn flush(&self) -> Result<(), EffectError> {
+        let _guard = match self.cancel.run_until_cancelled(self.flushing.lock()).await {
+            Some(g) => g,
+            None => return Err(EffectError::Stopped),
+        };
+        let files = self.buffer.take(self.slot.key()).await?;
+        if files.is_empty() {
+            return Ok(());
+        }
+        let sandbox = self.slot.get(&self.cancel).await?;
+        let writes: Vec<FileWrite> = files
+            .iter()
+            .map(|f| FileWrite {
+                path: f.path.clone(),
+                content: f.content.clone(),
+            })
+            .collect();
+        let result = match self
+            .cancel
+            .run_until_cancelled(sandbox.write_files(writes))
+            .await
+        {
+            None => return Err(EffectError::Stopped),
+            Some(r) => r,
+        };
+        match result {
+            Ok(()) => {
+                for f in files {
+                    let keys = self.lock_keys().remove(&f.path).unwrap_or_default();
+                    let bytes = f.content.len() as u64;
+                    for k in &keys {
+                        self.store
+                            .complete_effect(self.run_id, self.fence, k, json!({ "bytes": bytes }))
+                            .await?;
+                    }
+                    self.log
+                        .emit(EngineEvent::FileWritten {
+                            key: keys.last().cloned().unwrap_or_default(),
+                            path: f.path.to_string(),
+                            bytes,
+                            reused: false,
+                        })
+                        .await;
+                    self.lock_written().push((f.path.to_string(), bytes, None));
+                }
+                Ok(())
+            }
+            Err(e) if e.is_retryable() => {
+                tracing::warn!(run_id = %self.run_id, error = %e, "flush failed; files put back");
+                self.buffer
+                    .put(self.slot.key(), files, Utc::now(), Default::default())
+                    .await?;
+                Ok(())
+            }
+            Err(e) => {
+                for f in files {
+                    let keys = self.lock_keys().remove(&f.path).unwrap_or_default();
+                    self.log
+                        .emit(EngineEvent::FileWriteFailed {
+                            key: keys.last().cloned().unwrap_or_default(),
+                            path: f.path.to_string(),
+                            error: e.to_string(),
+                        })
+                        .await;
+                    self.lock_written()
+                        .push((f.path.to_string(), 0, Some(e.to_string())));
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// The flush targets of one worker, looked up by the scheduler.
+#[derive(Default, Clone)]
+pub(crate) struct FlushRegistry {
+    targets: Arc<Mutex<HashMap<SandboxKey, Arc<FlushTarget>>>>,
+}
+
+impl FlushRegistry {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<SandboxKey, Arc<FlushTarget>>> {
+        self.targets
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Register; the guard removes it again (only if still the same target).
+    pub(crate) fn register(&self, target: Arc<FlushTarget>) -> RegistryGuard {
+        let key = target.slot.key().clone();
+        self.lock().insert(key.clone(), target.clone());
+        RegistryGuard {
+            registry: self.clone(),
+            key,
+            target,
+        }
+    }
+
+    pub(crate) fn get(&self, key: &SandboxKey) -> Option<Arc<FlushTarget>> {
+        self.lock().get(key).cloned()
+    }
+}
+
+/// Unregisters a flush target when dropped.
+pub(crate) struct RegistryGuard {
+    registry: FlushRegistry,
+    key: SandboxKey,
+    target: Arc<FlushTarget>,
+}
+
+impl Drop for RegistryGuard {
+    fn drop(&mut self) {
+        let mut map = self.registry.lock();
+        if map
+            .get(&self.key)
+            .is_some_and(|t| Arc::ptr_eq(t, &self.target))
+        {
+            map.remove(&self.key);
+        }
+    }
+}
+
+/// The flush scheduler: polls `WriteBuffer::due(now)` (the due-time index)
+/// and flushes the sandboxes of this worker's runs until `shutdown`.
+/// Keys owned by other workers (a shared buffer) are left to them.
+pub(crate) async fn flush_scheduler(
+    buffer: Arc<dyn WriteBuffer>,
+    registry: FlushRegistry,
+    poll: std::time::Duration,
+    shutdown: CancellationToken,
+) {
+    let mut tick = tokio::time::interval(poll);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        if shutdown.run_until_cancelled(tick.tick()).await.is_none() {
+            return;
+        }
+        let due = match buffer.due(Utc::now(), 256).await {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::warn!(error = %e, "write buffer due() failed");
+                continue;
+            }
+        };
+        let targets: Vec<_> = due.iter().filter_map(|k| registry.get(k)).collect();
+        let flushes = targets.iter().map(|t| async move {
+            if let Err(e) = t.flush().await {
+                if !matches!(e, EffectError::Stopped) {
+                    tracing::warn!(run_id = %t.run_id, error = %e, "scheduled flush failed");
+                }
+            }
+        });
+        futures::future::join_all(flushes).await;
+    }
+}
+
+/// Work for the side-effect handler, in stream order.
+#[derive(Debug)]
+pub(crate) enum EffectItem {
+    /// `<edward_sandbox>` attributes.
+    Sandbox(SandboxSpec),
+    /// A whole file (sent at `file_end`).
+    File { path: String, content: String },
+    /// An install block.
+    Install {
+        dependencies: Vec<String>,
+        framework: Option<String>,
+    },
+    /// A command.
+    Command { command: String, args: Vec<String> },
+    /// A web search.
+    WebSearch { query: String, max_results: u8 },
+}
+
+/// What the handler reports at the end of a turn.
+#[derive(Debug, Default)]
+pub(crate) struct EffectReport {
+    pub results: Vec<ToolResult>,
+    pub tool_calls: u32,
+    pub skipped_turn_limit: bool,
+    pub skipped_run_limit: bool,
+    /// Files reused from a previous attempt (not written again).
+    pub reused_files: Vec<(String, u64)>,
+}
+
+/// Everything the handler needs.
+pub(crate) struct EffectCtx {
+    pub run_id: RunId,
+    pub fence: Fence,
+    pub turn: u32,
+    pub store: Arc<dyn RunStore>,
+    pub target: Arc<FlushTarget>,
+    pub web: Arc<dyn WebSearch>,
+    pub config: Arc<EngineConfig>,
+    pub log: RunLog,
+    pub cancel: CancellationToken,
+    /// Tool calls used by earlier turns.
+    pub run_tool_calls: u32,
+    pub max_per_turn: u32,
+    pub max_per_run: u32,
+}
+
+fn fnv1a(data: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in data {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+fn tool_run_from(out: ExecOutput) -> ToolRun {
+    ToolRun {
+        exit_code: out.exit_code,
+        stdout: out.stdout,
+        stderr: out.stderr,
+        stdout_truncated: out.stdout_truncated,
+        stderr_truncated: out.stderr_truncated,
+        timed_out: out.timed_out,
+        duration_ms: out.duration_ms,
+        error: None,
+        reused: false,
+    }
+}
+
+fn result_body(r: &ToolRun) -> String {
+    let mut s = String::new();
+    if let Some(e) = &r.error {
+        s.push_str(&format!("error: {e}\n"));
+    }
+    if r.timed_out {
+        s.push_str("(killed: timed out)\n");
+    }
+    if !r.stdout.is_empty() {
+        s.push_str("stdout:\n");
+        s.push_str(&r.stdout);
+        if r.stdout_truncated > 0 {
+            s.push_str(&format!("\n[{} more bytes]", r.stdout_truncated));
+        }
+        s.push('\n');
+    }
+    if !r.stderr.is_empty() {
+        s.push_str("stderr:\n");
+        s.push_str(&r.stderr);
+        if r.stderr_truncated > 0 {
+            s.push_str(&format!("\n[{} more bytes]", r.stderr_truncated));
+        }
+        s.push('\n');
+    }
+    s
+}
+
+impl EffectCtx {
+    fn begin_key(&self, index: u32, kind: &str) -> String {
+        format!("t{}/{}/{}", self.turn, index, kind)
+    }
+
+    async fn begin(
+        &self,
+        key: &str,
+        request: serde_json::Value,
+    ) -> Result<EffectRecord, EffectError> {
+        Ok(self
+            .store
+            .begin_effect(self.run_id, self.fence, key, request)
+            .await?)
+    }
+
+    /// Process items until the channel closes (end of the turn's stream).
+    pub(crate) async fn handle(
+        &self,
+        mut rx: mpsc::Receiver<EffectItem>,
+    ) -> Result<EffectReport, EffectError> {
+        let mut report = EffectReport::default();
+        let mut index = 0u32;
+        while let Some(item) = rx.recv().await {
+            if self.cancel.is_cancelled() {
+                return Err(EffectError::Stopped);
+            }
+            match item {
+                EffectItem::Sandbox(spec) => self.target.slot.set_spec(spec),
+                EffectItem::File { path, content } => {
+                    let i = index;
+                    index += 1;
+                    self.file(i, path, content, &mut report).await?;
+                }
+                EffectItem::Install {
+                    dependencies,
+                    framework,
+                } => {
+                    let i = index;
+                    index += 1;
+                    self.install(i, dependencies, framework, &mut report)
+                        .await?;
+                }
+                EffectItem::Command { command, args } => {
+                    let i = index;
+                    index += 1;
+                    self.command(i, command, args, &mut report).await?;
+                }
+                EffectItem::WebSearch { query, max_results } => {
+                    let i = index;
+                    index += 1;
+                    self.web_search(i, query, max_results, &mut report).await?;
+                }
+            }
+        }
+        Ok(report)
+    }
+
+    async fn file(
+        &self,
+        index: u32,
+        path: String,
+        content: String,
+        report: &mut EffectReport,
+    ) -> Result<(), EffectError> {
+        let key = self.begin_key(index, "write");
+        let sp = match SandboxPath::new(&path) {
+            Ok(p) => p,
+            Err(e) => {
+                self.log
+                    .emit(EngineEvent::FileWriteFailed {
+                        key,
+                        path: path.clone(),
+                        error: e.to_string(),
+                    })
+                    .await;
+                report.results.push(ToolResult {
+                    index,
+                    title: format!("file {path}: not written"),
+                    exit_code: None,
+                    body: e.to_string(),
+                });
+                return Ok(());
+            }
+        };
+        let bytes = content.len() as u64;
+        let request = json!({
+            "path": sp.as_str(),
+            "bytes": bytes,
+            "fnv1a": format!("{:016x}", fnv1a(content.as_bytes())),
+        });
+        let rec = self.begin(&key, request.clone()).await?;
+        if rec.state == EffectState::Completed && rec.request == request {
+            // Written by a previous attempt: reuse, do not write again.
+            self.log
+                .emit(EngineEvent::FileWritten {
+                    key,
+                    path: sp.to_string(),
+                    bytes,
+                    reused: true,
+                })
+                .await;
+            report.reused_files.push((sp.to_string(), bytes));
+            return Ok(());
+        }
+        self.target
+            .lock_keys()
+            .entry(sp.clone())
+            .or_default()
+            .push(key);
+        self.target
+            .buffer
+            .put(
+                self.target.slot.key(),
+                vec![PendingFile {
+                    path: sp,
+                    content: Bytes::from(content),
+                }],
+                Utc::now(),
+                self.config.flush,
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Budget check before a tool runs. `Some(result)` = skipped.
+    async fn admit_tool(
+        &self,
+        index: u32,
+        key: &str,
+        tool: &str,
+        detail: &str,
+        report: &mut EffectReport,
+    ) -> bool {
+        let budget = if report.tool_calls >= self.max_per_turn {
+            report.skipped_turn_limit = true;
+            "tool_calls_per_turn"
+        } else if self.run_tool_calls + report.tool_calls >= self.max_per_run {
+            report.skipped_run_limit = true;
+            "tool_calls_per_run"
+        } else {
+            report.tool_calls += 1;
+            return true;
+        };
+        self.log
+            .emit(EngineEvent::ToolSkipped {
+                key: key.to_string(),
+                tool: tool.to_string(),
+                budget: budget.to_string(),
+                detail: detail.to_string(),
+            })
+            .await;
+        report.results.push(ToolResult {
+            index,
+            title: format!("{tool} `{detail}`: skipped ({budget} budget used up)"),
+            exit_code: None,
+            body: String::new(),
+        });
+        false
+    }
+
+    async fn exec(
+        &self,
+        program: String,
+        args: Vec<String>,
+        timeout: std::time::Duration,
+    ) -> Result<ToolRun, EffectError> {
+        let sandbox = self.target.slot.get(&self.cancel).await?;
+        let req = ExecRequest {
+            program: program.clone(),
+            args,
+            cwd: None,
+            env: Vec::new(),
+            timeout,
+            output_cap: self.config.commands.output_cap,
+        };
+        // The sandbox kills the process when this token fires.
+        match sandbox.exec(req, self.cancel.child_token()).await {
+            Ok(out) => Ok(tool_run_from(out)),
+            Err(SandboxError::Cancelled) => Err(EffectError::Stopped),
+            Err(e) if self.cancel.is_cancelled() => {
+                tracing::debug!(error = %e, "exec ended by cancel");
+                Err(EffectError::Stopped)
+            }
+            Err(e) => Ok(ToolRun {
+                error: Some(e.to_string()),
+                ..Default::default()
+            }),
+        }
+    }
+
+    async fn install(
+        &self,
+        index: u32,
+        dependencies: Vec<String>,
+        framework: Option<String>,
+        report: &mut EffectReport,
+    ) -> Result<(), EffectError> {
+        let key = self.begin_key(index, "install");
+        let detail = dependencies.join(" ");
+        if dependencies.is_empty() {
+            return Ok(());
+        }
+        if !self
+            .admit_tool(index, &key, "install", &detail, report)
+            .await
+        {
+            return Ok(());
+        }
+        let manager = self.config.package_manager;
+        let request = json!({ "manager": manager.as_str(), "dependencies": dependencies });
+        let rec = self.begin(&key, request.clone()).await?;
+        self.log
+            .emit(EngineEvent::InstallStarted {
+                key: key.clone(),
+                manager: manager.as_str().into(),
+                dependencies: dependencies.clone(),
+                framework,
+                attempt: rec.attempts,
+            })
+            .await;
+        let result = if let Some(prev) = reusable(&rec, &request) {
+            prev
+        } else {
+            let r = match manager.install_argv(&dependencies) {
+                None => ToolRun {
+                    error: Some("installs are disabled (package manager: none)".into()),
+                    ..Default::default()
+                },
+                Some((program, args)) => {
+                    self.target.flush().await?;
+                    self.exec(program, args, self.config.commands.install_timeout)
+                        .await?
+                }
+            };
+            self.store
+                .complete_effect(
+                    self.run_id,
+                    self.fence,
+                    &key,
+                    serde_json::to_value(&r).unwrap_or_default(),
+                )
+                .await?;
+            r
+        };
+        report.results.push(ToolResult {
+            index,
+            title: format!("install ({}): {detail}", manager.as_str()),
+            exit_code: result.exit_code,
+            body: result_body(&result),
+        });
+        self.log
+            .emit(EngineEvent::InstallFinished { key, result })
+            .await;
+        Ok(())
+    }
+
+    async fn command(
+        &self,
+        index: u32,
+        command: String,
+        args: Vec<String>,
+        report: &mut EffectReport,
+    ) -> Result<(), EffectError> {
+        let key = self.begin_key(index, "command");
+        let shown = std::iter::once(command.as_str())
+            .chain(args.iter().map(String::as_str))
+            .collect::<Vec<_>>()
+            .join(" ");
+        if let Err(reason) = self.config.commands.check(&command, &args) {
+            self.log
+                .emit(EngineEvent::CommandRejected {
+                    key,
+                    command: command.clone(),
+                    args,
+                    reason: reason.clone(),
+                })
+                .await;
+            report.results.push(ToolResult {
+                index,
+                title: format!("command `{shown}`: rejected"),
+                exit_code: None,
+                body: reason,
+            });
+            return Ok(());
+        }
+        if !self
+            .admit_tool(index, &key, "command", &shown, report)
+            .await
+        {
+            return Ok(());
+        }
+        let request = json!({ "command": command, "args": args });
+        let rec = self.begin(&key, request.clone()).await?;
+        self.log
+            .emit(EngineEvent::CommandStarted {
+                key: key.clone(),
+                command: command.clone(),
+                args: args.clone(),
+                attempt: rec.attempts,
+            })
+            .await;
+        let result = if let Some(prev) = reusable(&rec, &request) {
+            prev
+        } else {
+            self.target.flush().await?;
+            let r = self
+                .exec(command.clone(), args, self.config.commands.timeout)
+                .await?;
+            self.store
+                .complete_effect(
+                    self.run_id,
+                    self.fence,
+                    &key,
+                    serde_json::to_value(&r).unwrap_or_default(),
+                )
+                .await?;
+            r
+        };
+        report.results.push(ToolResult {
+            index,
+            title: format!("command `{shown}`"),
+            exit_code: result.exit_code,
+            body: result_body(&result),
+        });
+        self.log
+            .emit(EngineEvent::CommandFinished {
+                key,
+                command,
+                result,
+            })
+            .await;
+        Ok(())
+    }
+
+    async fn web_search(
+        &self,
+        index: u32,
+        query: String,
+        max_results: u8,
+        report: &mut EffectReport,
+    ) -> Result<(), EffectError> {
+        let key = self.begin_key(index, "web_search");
+        if !self
+            .admit_tool(index, &key, "web_search", &query, report)
+            .await
+        {
+            return Ok(());
+        }
+        let request = json!({ "query": query, "max_results": max_results });
+        let rec = self.begin(&key, request.clone()).await?;
+        self.log
+            .emit(EngineEvent::WebSearchStarted {
+                key: key.clone(),
+                query: query.clone(),
+            })
+            .await;
+        let outcome: Result<Vec<crate::SearchResult>, String> = match (&rec.state, &rec.result) {
+            (EffectState::Completed, Some(v)) if rec.request == request => {
+                serde_json::from_value(v["results"].clone()).map_err(|e| e.to_string())
+            }
+            _ => {
+                let r = match self
+                    .cancel
+                    .run_until_cancelled(self.web.search(&query, max_results, self.cancel.clone()))
+                    .await
+                {
+                    None => return Err(EffectError::Stopped),
+                    Some(r) => r.map_err(|e| e.to_string()),
+                };
+                let stored = match &r {
+                    Ok(results) => json!({ "results": results }),
+                    Err(e) => json!({ "error": e }),
+                };
+                self.store
+                    .complete_effect(self.run_id, self.fence, &key, stored)
+                    .await?;
+                r
+            }
+        };
+        let (count, error, body) = match &outcome {
+            Ok(results) => (
+                results.len(),
+                None,
+                results
+                    .iter()
+                    .map(|r| format!("- {} ({})\n  {}", r.title, r.url, r.snippet))
+                    .collect::<Vec<_>>()
+                    .join("\n"),
+            ),
+            Err(e) => (0, Some(e.clone()), format!("error: {e}")),
+        };
+        self.log
+            .emit(EngineEvent::WebSearchFinished {
+                key,
+                results: count,
+                error,
+            })
+            .await;
+        report.results.push(ToolResult {
+            index,
+            title: format!("web search `{query}`"),
+            exit_code: None,
+            body,
+        });
+        Ok(())
+    }
+}
+
+/// A completed record for the same request: its result, marked reused.
+fn reusable(rec: &EffectRecord, request: &serde_json::Value) -> Option<ToolRun> {
+    if rec.state != EffectState::Completed || &rec.request != request {
+        return None;
+    }
+    let mut r: ToolRun = serde_json::from_value(rec.result.clone()?).ok()?;
+    r.reused = true;
+    Some(r)
+}

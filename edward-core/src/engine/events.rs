@@ -1,0 +1,497 @@
+//! The run-event vocabulary written by the engine (documented in `docs/EVENTS.md`).
+
+use serde::{Deserialize, Serialize};
+
+use crate::{NewEvent, RunStatus, Usage};
+
+/// Every event type the engine appends to a run's log.
+///
+/// Serialises with `type` as the tag; [`EngineEvent::into_new_event`] splits it
+/// into the `kind` and the payload (all other fields) of a [`NewEvent`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum EngineEvent {
+    /// The run was admitted (seq 1, written by `RunStore::admit`).
+    RunQueued {
+        /// The model that will be used.
+        model: String,
+        /// Bytes of the prompt.
+        prompt_bytes: usize,
+    },
+    /// A worker started the run for the first time.
+    RunStarted {
+        /// The worker.
+        worker: String,
+        /// Queue attempt (1 on a first claim).
+        attempt: u32,
+        /// Fencing token the worker writes with.
+        fence: u64,
+        /// Model name.
+        model: String,
+        /// Model provider.
+        provider: String,
+    },
+    /// A worker took over a run that another worker had started.
+    RunResumed {
+        /// The worker.
+        worker: String,
+        /// Queue attempt.
+        attempt: u32,
+        /// Fencing token.
+        fence: u64,
+        /// The number of turns completed before (resumes at `from_turn + 1`).
+        from_turn: u32,
+    },
+    /// The partial turn of a previous attempt is superseded: events with seq in
+    /// `(superseded_after_seq, this event's seq)` belonging to `turn` are void.
+    TurnRestarted {
+        /// The turn being restarted.
+        turn: u32,
+        /// The last seq that belonged to completed turns.
+        superseded_after_seq: u64,
+    },
+    /// A turn began (one model call).
+    TurnStarted {
+        /// 1-based turn number.
+        turn: u32,
+        /// Estimated input tokens of the request.
+        estimated_input_tokens: u64,
+    },
+    /// Model output text outside files and thinking (coalesced).
+    TextDelta {
+        /// The text.
+        content: String,
+    },
+    /// Model thinking (coalesced).
+    ThinkingDelta {
+        /// The text.
+        content: String,
+    },
+    /// Bytes of a file being streamed (coalesced per file).
+    FileDelta {
+        /// Normalised path.
+        path: String,
+        /// The content bytes, verbatim.
+        content: String,
+    },
+    /// The parser found a protocol violation; nothing was silently dropped.
+    ParseError {
+        /// Parser error code (PROTOCOL.md §7).
+        code: String,
+        /// Explanation.
+        message: String,
+        /// `recoverable` or `fatal`.
+        severity: String,
+        /// Input bytes consumed without other events.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        skipped_bytes: Option<u64>,
+    },
+    /// A sandbox was provisioned (or reattached).
+    SandboxReady {
+        /// Its key.
+        key: String,
+        /// Where it lives.
+        location: String,
+    },
+    /// A whole file is now in the sandbox.
+    FileWritten {
+        /// Idempotency key of the write.
+        key: String,
+        /// Normalised path.
+        path: String,
+        /// Size in bytes.
+        bytes: u64,
+        /// True when a previous attempt already wrote it (resume).
+        #[serde(default, skip_serializing_if = "is_false")]
+        reused: bool,
+    },
+    /// Writing a file failed.
+    FileWriteFailed {
+        /// Idempotency key.
+        key: String,
+        /// Path.
+        path: String,
+        /// Why.
+        error: String,
+    },
+    /// An install began.
+    InstallStarted {
+        /// Idempotency key.
+        key: String,
+        /// Package manager (`npm`, …, `none`).
+        manager: String,
+        /// Packages.
+        dependencies: Vec<String>,
+        /// Framework hint.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        framework: Option<String>,
+        /// Attempt (> 1 when re-done after a crash).
+        attempt: u32,
+    },
+    /// An install ended (failures are events, not run failures).
+    InstallFinished {
+        /// Idempotency key.
+        key: String,
+        /// The result.
+        #[serde(flatten)]
+        result: ToolRun,
+    },
+    /// A command began.
+    CommandStarted {
+        /// Idempotency key.
+        key: String,
+        /// Program.
+        command: String,
+        /// Arguments.
+        args: Vec<String>,
+        /// Attempt (> 1 when re-run after a crash).
+        attempt: u32,
+    },
+    /// A command ended.
+    CommandFinished {
+        /// Idempotency key.
+        key: String,
+        /// Program.
+        command: String,
+        /// The result.
+        #[serde(flatten)]
+        result: ToolRun,
+    },
+    /// A command was refused (allowlist, path outside the workspace).
+    CommandRejected {
+        /// Idempotency key.
+        key: String,
+        /// Program.
+        command: String,
+        /// Arguments.
+        args: Vec<String>,
+        /// Why.
+        reason: String,
+    },
+    /// A tool call was not run because a budget was used up.
+    ToolSkipped {
+        /// Idempotency key.
+        key: String,
+        /// `command`, `install` or `web_search`.
+        tool: String,
+        /// The budget (`tool_calls_per_turn`, `tool_calls_per_run`).
+        budget: String,
+        /// What was asked, for humans.
+        detail: String,
+    },
+    /// A web search began.
+    WebSearchStarted {
+        /// Idempotency key.
+        key: String,
+        /// Query.
+        query: String,
+    },
+    /// A web search ended.
+    WebSearchFinished {
+        /// Idempotency key.
+        key: String,
+        /// Number of results.
+        results: usize,
+        /// Error, if it failed.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error: Option<String>,
+    },
+    /// The model call was retried after a retryable error before output began.
+    ModelRetry {
+        /// Turn.
+        turn: u32,
+        /// Attempt number that failed.
+        attempt: u32,
+        /// The error.
+        error: String,
+        /// Backoff before the next attempt.
+        delay_ms: u64,
+    },
+    /// A budget passed 80 % of its limit (once per budget per run).
+    BudgetWarning {
+        /// Which budget.
+        budget: String,
+        /// Used so far.
+        used: f64,
+        /// The limit.
+        limit: f64,
+    },
+    /// A turn ended.
+    TurnFinished {
+        /// Turn number.
+        turn: u32,
+        /// Usage of this turn's model call.
+        usage: Usage,
+        /// Files written this turn.
+        files_written: u32,
+        /// Tool calls run this turn.
+        tool_calls: u32,
+        /// Whether the model said done.
+        done: bool,
+        /// The decision: `complete`, `continue`, `nudge` or `stop`.
+        outcome: String,
+    },
+    /// The single terminal event; always the last.
+    RunFinished {
+        /// Terminal status.
+        status: RunStatus,
+        /// Why (`done`, `no_progress`, `budget_exhausted:<budget>`, `cancelled`, `error: …`).
+        reason: String,
+        /// Turns completed.
+        turns: u32,
+        /// Total usage.
+        usage: Usage,
+        /// Total cost in USD (0 for unpriced models).
+        cost_usd: f64,
+        /// Tool calls run.
+        tool_calls: u32,
+        /// Wall time since first start, in milliseconds.
+        duration_ms: u64,
+    },
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+/// The result of an install or a command, as recorded in events and effect records.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct ToolRun {
+    /// Exit code (`None` when killed, skipped or failed to start).
+    pub exit_code: Option<i32>,
+    /// Captured stdout (capped).
+    pub stdout: String,
+    /// Captured stderr (capped).
+    pub stderr: String,
+    /// Stdout bytes discarded beyond the cap.
+    pub stdout_truncated: u64,
+    /// Stderr bytes discarded beyond the cap.
+    pub stderr_truncated: u64,
+    /// Killed by the timeout.
+    pub timed_out: bool,
+    /// Wall time.
+    pub duration_ms: u64,
+    /// Error starting it, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// True when reused from a previous attempt's record (not run again).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub reused: bool,
+}
+
+impl ToolRun {
+    /// Whether it exited 0.
+    pub fn ok(&self) -> bool {
+        self.exit_code == Some(0)
+    }
+}
+
+impl EngineEvent {
+    /// The `type` string.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            EngineEvent::RunQueued { .. } => "run_queued",
+            EngineEvent::RunStarted { .. } => "run_started",
+            EngineEvent::RunResumed { .. } => "run_resumed",
+            EngineEvent::TurnRestarted { .. } => "turn_restarted",
+            EngineEvent::TurnStarted { .. } => "turn_started",
+            EngineEvent::TextDelta { .. } => "text_delta",
+            EngineEvent::ThinkingDelta { .. } => "thinking_delta",
+            EngineEvent::FileDelta { .. } => "file_delta",
+            EngineEvent::ParseError { .. } => "parse_error",
+            EngineEvent::SandboxReady { .. } => "sandbox_ready",
+            EngineEvent::FileWritten { .. } => "file_written",
+            EngineEvent::FileWriteFailed { .. } => "file_write_failed",
+            EngineEvent::InstallStarted { .. } => "install_started",
+            EngineEvent::InstallFinished { .. } => "install_finished",
+            EngineEvent::CommandStarted { .. } => "command_started",
+            EngineEvent::CommandFinished { .. } => "command_finished",
+            EngineEvent::CommandRejected { .. } => "command_rejected",
+            EngineEvent::ToolSkipped { .. } => "tool_skipped",
+            EngineEvent::WebSearchStarted { .. } => "web_search_started",
+            EngineEvent::WebSearchFinished { .. } => "web_search_finished",
+            EngineEvent::ModelRetry { .. } => "model_retry",
+            EngineEvent::BudgetWarning { .. } => "budget_warning",
+            EngineEvent::TurnFinished { .. } => "turn_finished",
+            EngineEvent::RunFinished { .. } => "run_finished",
+        }
+    }
+
+    /// Split into the store's form: `kind` plus the other fields as payload.
+    pub fn into_new_event(self) -> NewEvent {
+        let kind = self.kind();
+        let mut value = serde_json::to_value(&self).unwrap_or(serde_json::Value::Null);
+        if let Some(obj) = value.as_object_mut() {
+            obj.remove("type");
+        }
+        if !value.is_object() {
+            value = serde_json::Value::Object(Default::default());
+        }
+        NewEvent::new(kind, value)
+    }
+
+    /// Parse a stored event back (`None` for kinds this version does not know).
+    pub fn from_stored(kind: &str, payload: &serde_json::Value) -> Option<EngineEvent> {
+        let mut obj = payload.as_object().cloned().unwrap_or_default();
+        obj.insert("type".into(), serde_json::Value::String(kind.to_string()));
+        serde_json::from_value(serde_json::Value::Object(obj)).ok()
+    }
+
+    /// Content deltas are coalesced; everything else is appended as is.
+    pub(crate) fn is_content(&self) -> bool {
+        matches!(
+            self,
+            EngineEvent::TextDelta { .. }
+                | EngineEvent::ThinkingDelta { .. }
+                | EngineEvent::FileDelta { .. }
+        )
+    }
+
+    /// Approximate payload size, for batching.
+    pub(crate) fn approx_bytes(&self) -> usize {
+        match self {
+            EngineEvent::TextDelta { content } | EngineEvent::ThinkingDelta { content } => {
+                content.len()
+            }
+            EngineEvent::FileDelta { path, content } => path.len() + content.len(),
+            EngineEvent::CommandFinished { result, .. }
+            | EngineEvent::InstallFinished { result, .. } => {
+                result.stdout.len() + result.stderr.len() + 128
+            }
+            _ => 128,
+        }
+    }
+
+    /// Append `other` to `self` if both are content deltas of the same stream
+    /// and the result stays under `cap` bytes. Returns `other` back otherwise.
+    pub(crate) fn try_merge(&mut self, other: EngineEvent, cap: usize) -> Option<EngineEvent> {
+        match (self, other) {
+            (EngineEvent::TextDelta { content: a }, EngineEvent::TextDelta { content: b })
+                if a.len() + b.len() <= cap =>
+            {
+                a.push_str(&b);
+                None
+            }
+            (
+                EngineEvent::ThinkingDelta { content: a },
+                EngineEvent::ThinkingDelta { content: b },
+            ) if a.len() + b.len() <= cap => {
+                a.push_str(&b);
+                None
+            }
+            (
+                EngineEvent::FileDelta {
+                    path: pa,
+                    content: a,
+                },
+                EngineEvent::FileDelta {
+                    path: pb,
+                    content: b,
+                },
+            ) if *pa == pb && a.len() + b.len() <= cap => {
+                a.push_str(&b);
+                None
+            }
+            (_, other) => Some(other),
+        }
+    }
+}
+
+impl From<EngineEvent> for NewEvent {
+    fn from(e: EngineEvent) -> Self {
+        e.into_new_event()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn new_event_has_kind_and_payload_without_type() {
+        let e = EngineEvent::FileWritten {
+            key: "t1/0/write".into(),
+            path: "a.txt".into(),
+            bytes: 3,
+            reused: false,
+        };
+        let n = e.clone().into_new_event();
+        assert_eq!(n.kind, "file_written");
+        assert_eq!(
+            n.payload,
+            serde_json::json!({"key":"t1/0/write","path":"a.txt","bytes":3})
+        );
+        assert_eq!(EngineEvent::from_stored(&n.kind, &n.payload), Some(e));
+    }
+
+    #[test]
+    fn flattened_tool_run_round_trips() {
+        let e = EngineEvent::CommandFinished {
+            key: "t1/1/command".into(),
+            command: "ls".into(),
+            result: ToolRun {
+                exit_code: Some(0),
+                stdout: "x".into(),
+                ..Default::default()
+            },
+        };
+        let n = e.clone().into_new_event();
+        assert_eq!(n.payload["exit_code"], 0);
+        assert_eq!(EngineEvent::from_stored(&n.kind, &n.payload), Some(e));
+    }
+
+    #[test]
+    fn merge_respects_kind_path_and_cap() {
+        let mut a = EngineEvent::TextDelta {
+            content: "ab".into(),
+        };
+        assert!(
+            a.try_merge(
+                EngineEvent::TextDelta {
+                    content: "c".into()
+                },
+                10
+            )
+            .is_none()
+        );
+        assert_eq!(
+            a,
+            EngineEvent::TextDelta {
+                content: "abc".into()
+            }
+        );
+        assert!(
+            a.try_merge(
+                EngineEvent::TextDelta {
+                    content: "x".repeat(8)
+                },
+                10
+            )
+            .is_some()
+        );
+        let mut f = EngineEvent::FileDelta {
+            path: "a".into(),
+            content: "1".into(),
+        };
+        assert!(
+            f.try_merge(
+                EngineEvent::FileDelta {
+                    path: "b".into(),
+                    content: "2".into()
+                },
+                10
+            )
+            .is_some()
+        );
+        assert!(
+            f.try_merge(
+                EngineEvent::ThinkingDelta {
+                    content: "t".into()
+                },
+                10
+            )
+            .is_some()
+        );
+    }
+}

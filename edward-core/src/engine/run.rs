@@ -1,0 +1,904 @@
+//! One run on one worker: start or resume, the turn loop, and the single
+//! terminal function.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use futures::StreamExt;
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use super::Inner;
+use super::budget::{BudgetKind, BudgetState, Budgets};
+use super::config::RunRequest;
+use super::effects::{
+    EffectCtx, EffectError, EffectItem, EffectReport, FlushRegistry, FlushTarget, SandboxSlot,
+};
+use super::events::EngineEvent;
+use super::outcome::{TurnFacts, TurnOutcome, decide_turn_outcome};
+use super::prompt::{NUDGE_MESSAGE, SYSTEM_PROMPT, bounded, continuation_message};
+use super::sink::{LogError, LogTuning, RunLog};
+use crate::parser::{Event, Parser};
+use crate::pricing::estimate_tokens;
+use crate::{
+    Checkpoint, Fence, Lease, Message, ModelChunk, ModelError, ModelRequest, NewEvent, Notifier,
+    Role, RunId, RunStatus, RunStore, StoreError, Usage,
+};
+
+/// Why a run's token fired.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StopCause {
+    /// Someone cancelled the run.
+    Cancelled,
+    /// The wall-clock budget ran out.
+    Deadline,
+    /// The lease or fence is lost, or the run was finished elsewhere: write nothing.
+    Lost,
+    /// The worker is shutting down: abandon without writing (another worker resumes).
+    Shutdown,
+}
+
+/// The per-run token plus the first reason it fired.
+pub(crate) struct RunControl {
+    pub(crate) token: CancellationToken,
+    cause: OnceLock<StopCause>,
+}
+
+impl RunControl {
+    pub(crate) fn new() -> Self {
+        RunControl {
+            token: CancellationToken::new(),
+            cause: OnceLock::new(),
+        }
+    }
+
+    pub(crate) fn stop(&self, cause: StopCause) {
+        let _ = self.cause.set(cause);
+        self.token.cancel();
+    }
+
+    pub(crate) fn cause(&self) -> Option<StopCause> {
+        self.cause.get().copied()
+    }
+}
+
+/// Turn-scoped state saved in every checkpoint.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct RunState {
+    messages: Vec<Message>,
+    budget: BudgetState,
+    previous_was_nudge: bool,
+    started_at: DateTime<Utc>,
+    /// The last seq written when this checkpoint was taken.
+    last_seq: u64,
+}
+
+/// How a run attempt ended on this worker.
+#[derive(Debug)]
+pub(crate) enum AttemptEnd {
+    /// The terminal event is written (or the run was already finished): ack.
+    Finished,
+    /// Lost the run or shutting down: do not ack; the lease lapses.
+    Abandoned,
+    /// A transient infrastructure failure: retry via the queue.
+    Retry(String),
+}
+
+/// Terminal summary fields.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Summary {
+    pub turns: u32,
+    pub usage: Usage,
+    pub cost_usd: f64,
+    pub tool_calls: u32,
+    pub duration_ms: u64,
+}
+
+/// THE terminal path: every way a run ends (done, budget, failure, cancel of
+/// a running or a queued run) goes through here. Appends `run_finished` as
+/// the last event together with the terminal status, then sends a hint.
+pub(crate) async fn finish_run(
+    store: &dyn RunStore,
+    notifier: &dyn Notifier,
+    run_id: RunId,
+    fence: Option<Fence>,
+    status: RunStatus,
+    reason: &str,
+    summary: Summary,
+) -> Result<u64, StoreError> {
+    let event: NewEvent = EngineEvent::RunFinished {
+        status,
+        reason: reason.to_string(),
+        turns: summary.turns,
+        usage: summary.usage,
+        cost_usd: summary.cost_usd,
+        tool_calls: summary.tool_calls,
+        duration_ms: summary.duration_ms,
+    }
+    .into();
+    let written = store
+        .finish_run(run_id, fence, status, reason, vec![event])
+        .await?;
+    let last = written.last().map(|e| e.seq).unwrap_or(0);
+    let _ = notifier.notify_events(run_id, last).await;
+    tracing::info!(%run_id, %status, reason, "run finished");
+    Ok(last)
+}
+
+/// Errors inside a turn.
+enum TurnError {
+    Stopped,
+    Model(ModelError),
+    Effect(EffectError),
+    Log(LogError),
+}
+
+impl From<EffectError> for TurnError {
+    fn from(e: EffectError) -> Self {
+        match e {
+            EffectError::Stopped => TurnError::Stopped,
+            e => TurnError::Effect(e),
+        }
+    }
+}
+
+impl From<LogError> for TurnError {
+    fn from(e: LogError) -> Self {
+        TurnError::Log(e)
+    }
+}
+
+struct TurnReport {
+    output: String,
+    usage: Option<Usage>,
+    done: bool,
+    effects: EffectReport,
+    output_budget_hit: bool,
+}
+
+/// Execute (or resume) a claimed run until it ends on this worker.
+pub(crate) async fn execute(
+    inner: Arc<Inner>,
+    lease: Lease,
+    worker_id: String,
+    control: Arc<RunControl>,
+    registry: FlushRegistry,
+) -> AttemptEnd {
+    let run_id = lease.run_id;
+    let span = tracing::info_span!("run", run_id = %run_id, attempt = lease.attempt);
+    async move {
+        let run = match inner.store.start_run(run_id, lease.fence).await {
+            Ok(r) => r,
+            Err(StoreError::Finished { .. }) => return AttemptEnd::Finished,
+            Err(StoreError::NotFound { .. }) => return AttemptEnd::Finished,
+            Err(StoreError::StaleFence { .. }) => return AttemptEnd::Abandoned,
+            Err(e) if e.is_retryable() => return AttemptEnd::Retry(e.to_string()),
+            Err(e) => {
+                // The run cannot even start (e.g. corrupt): end it failed out of band.
+                let _ = finish_run(
+                    &*inner.store,
+                    &*inner.notifier,
+                    run_id,
+                    None,
+                    RunStatus::Failed,
+                    &format!("error: {e}"),
+                    Summary::default(),
+                )
+                .await;
+                return AttemptEnd::Finished;
+            }
+        };
+        let lost = CancellationToken::new();
+        let (log, writer) = RunLog::new(
+            inner.store.clone(),
+            inner.notifier.clone(),
+            run_id,
+            lease.fence,
+            LogTuning {
+                window: inner.config.coalesce_window,
+                max_bytes: inner.config.coalesce_bytes,
+            },
+            run.last_seq,
+            lost.clone(),
+        );
+        let ctx = RunCtx {
+            inner: inner.clone(),
+            run_id,
+            fence: lease.fence,
+            control: control.clone(),
+            log: log.clone(),
+            registry,
+            lost: lost.clone(),
+        };
+        let driven = async {
+            let end = ctx.drive(run, &lease, &worker_id).await;
+            log.close().await;
+            end
+        };
+        // The writer is part of this future: dropping the run drops it too,
+        // so an aborted worker writes nothing more.
+        let (end, ()) = tokio::join!(driven, writer);
+        end
+    }
+    .instrument(span)
+    .await
+}
+
+struct RunCtx {
+    inner: Arc<Inner>,
+    run_id: RunId,
+    fence: Fence,
+    control: Arc<RunControl>,
+    log: RunLog,
+    registry: FlushRegistry,
+    lost: CancellationToken,
+}
+
+impl RunCtx {
+    async fn drive(&self, run: crate::Run, lease: &Lease, worker_id: &str) -> AttemptEnd {
+        let request: RunRequest = match serde_json::from_value(run.request.clone()) {
+            Ok(r) => r,
+            Err(e) => {
+                return self
+                    .finish(
+                        RunStatus::Failed,
+                        &format!("error: stored request is unreadable: {e}"),
+                        &BudgetState::default(),
+                        Utc::now(),
+                    )
+                    .await;
+            }
+        };
+        let model = request
+            .model
+            .clone()
+            .unwrap_or_else(|| self.inner.default_model.clone());
+        let budgets = request.budgets.unwrap_or(self.inner.budgets);
+
+        // Start fresh or resume from the checkpoint.
+        let checkpoint = match self.inner.store.load_checkpoint(self.run_id).await {
+            Ok(c) => c,
+            Err(e) => return self.store_error(e),
+        };
+        let restored: Option<(u32, RunState)> =
+            checkpoint.and_then(|c| serde_json::from_value(c.state).ok().map(|s| (c.turn, s)));
+        // Discard file writes a previous attempt left pending: the turn is replayed.
+        let key = crate::SandboxKey(format!("run-{}", self.run_id));
+        let _ = self.inner.write_buffer.take(&key).await;
+
+        let previous_attempt = run.last_seq > 1;
+        let mut state = match restored {
+            Some((turn, st)) => {
+                self.log
+                    .emit(EngineEvent::RunResumed {
+                        worker: worker_id.to_string(),
+                        attempt: lease.attempt,
+                        fence: self.fence.0,
+                        from_turn: turn,
+                    })
+                    .await;
+                if run.last_seq > st.last_seq {
+                    self.log
+                        .emit(EngineEvent::TurnRestarted {
+                            turn: turn + 1,
+                            superseded_after_seq: st.last_seq,
+                        })
+                        .await;
+                }
+                st
+            }
+            None => {
+                if previous_attempt {
+                    self.log
+                        .emit(EngineEvent::RunResumed {
+                            worker: worker_id.to_string(),
+                            attempt: lease.attempt,
+                            fence: self.fence.0,
+                            from_turn: 0,
+                        })
+                        .await;
+                    self.log
+                        .emit(EngineEvent::TurnRestarted {
+                            turn: 1,
+                            superseded_after_seq: 1,
+                        })
+                        .await;
+                } else {
+                    self.log
+                        .emit(EngineEvent::RunStarted {
+                            worker: worker_id.to_string(),
+                            attempt: lease.attempt,
+                            fence: self.fence.0,
+                            model: model.clone(),
+                            provider: self.inner.model.provider().to_string(),
+                        })
+                        .await;
+                }
+                RunState {
+                    messages: vec![Message {
+                        role: Role::User,
+                        content: request.prompt.clone(),
+                    }],
+                    budget: BudgetState::default(),
+                    previous_was_nudge: false,
+                    started_at: Utc::now(),
+                    last_seq: 0,
+                }
+            }
+        };
+
+        // The deadline is measured from the first start, across resumes.
+        let elapsed = (Utc::now() - state.started_at).to_std().unwrap_or_default();
+        let remaining = budgets.deadline().saturating_sub(elapsed);
+        let watch = {
+            let control = self.control.clone();
+            let lost = self.lost.clone();
+            async move {
+                tokio::select! {
+                    _ = tokio::time::sleep(remaining) => control.stop(StopCause::Deadline),
+                    _ = lost.cancelled() => control.stop(StopCause::Lost),
+                }
+                std::future::pending::<()>().await
+            }
+        };
+        let slot = Arc::new(SandboxSlot::new(
+            self.inner.sandboxes.clone(),
+            key,
+            self.log.clone(),
+        ));
+        let target = Arc::new(FlushTarget::new(
+            self.run_id,
+            self.fence,
+            slot.clone(),
+            self.inner.store.clone(),
+            self.inner.write_buffer.clone(),
+            self.log.clone(),
+            self.control.token.clone(),
+        ));
+        let _registered = self.registry.register(target.clone());
+
+        tokio::select! {
+            end = self.turns(&model, &budgets, &mut state, &target) => end,
+            () = watch => AttemptEnd::Abandoned,
+        }
+    }
+
+    fn store_error(&self, e: StoreError) -> AttemptEnd {
+        match e {
+            StoreError::StaleFence { .. } | StoreError::Finished { .. } => AttemptEnd::Abandoned,
+            e => AttemptEnd::Retry(e.to_string()),
+        }
+    }
+
+    async fn turns(
+        &self,
+        model: &str,
+        budgets: &Budgets,
+        state: &mut RunState,
+        target: &Arc<FlushTarget>,
+    ) -> AttemptEnd {
+        let price = &self.inner.prices;
+        loop {
+            if let Some(end) = self.check_stopped(state).await {
+                return end;
+            }
+            let turn = state.budget.turns + 1;
+            state.budget.elapsed_ms = elapsed_ms(state.started_at);
+            if let Some(kind) = state.budget.exhausted(budgets) {
+                return self.finish_budget(kind, state).await;
+            }
+            if turn > budgets.max_turns {
+                return self.finish_budget(BudgetKind::Turns, state).await;
+            }
+            // Pre-call check: the estimated input must fit the remaining budget.
+            let est_input = estimate_tokens(SYSTEM_PROMPT)
+                + state
+                    .messages
+                    .iter()
+                    .map(|m| estimate_tokens(&m.content))
+                    .sum::<u64>();
+            if state.budget.input_tokens + est_input > budgets.max_input_tokens {
+                return self.finish_budget(BudgetKind::InputTokens, state).await;
+            }
+            let est_cost = price.cost(
+                model,
+                &Usage {
+                    input_tokens: est_input,
+                    output_tokens: 0,
+                    estimated: true,
+                },
+            );
+            if budgets.max_cost_usd > 0.0 && state.budget.cost_usd + est_cost > budgets.max_cost_usd
+            {
+                return self.finish_budget(BudgetKind::Cost, state).await;
+            }
+            let remaining_out = budgets
+                .max_output_tokens
+                .saturating_sub(state.budget.output_tokens);
+            let request = ModelRequest {
+                model: model.to_string(),
+                system: SYSTEM_PROMPT.to_string(),
+                messages: state.messages.clone(),
+                max_output_tokens: Some(
+                    remaining_out.min(u64::from(self.inner.config.max_output_tokens_per_call))
+                        as u32,
+                ),
+                temperature: None,
+            };
+            self.log
+                .emit(EngineEvent::TurnStarted {
+                    turn,
+                    estimated_input_tokens: est_input,
+                })
+                .await;
+
+            let report = match self
+                .turn(turn, request, state, budgets, target)
+                .instrument(tracing::info_span!("turn", turn))
+                .await
+            {
+                Ok(r) => r,
+                Err(TurnError::Stopped) => {
+                    return self
+                        .check_stopped(state)
+                        .await
+                        .unwrap_or(AttemptEnd::Abandoned);
+                }
+                Err(TurnError::Model(e)) => {
+                    return self
+                        .finish(
+                            RunStatus::Failed,
+                            &format!("error: model: {e}"),
+                            &state.budget,
+                            state.started_at,
+                        )
+                        .await;
+                }
+                Err(TurnError::Effect(EffectError::Store(e))) => return self.store_error(e),
+                Err(TurnError::Effect(e)) => {
+                    return self
+                        .finish(
+                            RunStatus::Failed,
+                            &format!("error: {e}"),
+                            &state.budget,
+                            state.started_at,
+                        )
+                        .await;
+                }
+                Err(TurnError::Log(LogError::Lost(_))) => return AttemptEnd::Abandoned,
+                Err(TurnError::Log(LogError::Failed(m))) => return AttemptEnd::Retry(m),
+            };
+
+            // Account the turn.
+            let usage = report.usage.unwrap_or(Usage {
+                input_tokens: est_input,
+                output_tokens: estimate_tokens(&report.output),
+                estimated: true,
+            });
+            let cost = price.cost(model, &usage);
+            state.budget.turns = turn;
+            state.budget.tool_calls += report.effects.tool_calls;
+            state.budget.add_usage(&usage, cost);
+            if report.output_budget_hit {
+                state.budget.output_tokens =
+                    state.budget.output_tokens.max(budgets.max_output_tokens);
+            }
+            state.budget.elapsed_ms = elapsed_ms(state.started_at);
+
+            let mut files: Vec<(String, u64)> = report.effects.reused_files.clone();
+            let mut file_failures = Vec::new();
+            for (path, bytes, err) in target.drain_written() {
+                match err {
+                    None => files.push((path, bytes)),
+                    Some(e) => file_failures.push((path, e)),
+                }
+            }
+            let mut results = report.effects.results;
+            for (path, e) in file_failures {
+                results.push(super::prompt::ToolResult {
+                    index: u32::MAX,
+                    title: format!("file {path}: write failed"),
+                    exit_code: None,
+                    body: e,
+                });
+            }
+            let facts = TurnFacts {
+                turn,
+                done: report.done,
+                files_written: files.len() as u32,
+                tool_results: results.len() as u32,
+                skipped_turn_limit: report.effects.skipped_turn_limit,
+                skipped_run_limit: report.effects.skipped_run_limit,
+                previous_was_nudge: state.previous_was_nudge,
+            };
+            for (kind, used, limit) in state.budget.new_warnings(budgets) {
+                self.log
+                    .emit(EngineEvent::BudgetWarning {
+                        budget: kind.as_str().into(),
+                        used,
+                        limit,
+                    })
+                    .await;
+            }
+            let outcome = decide_turn_outcome(&facts, &state.budget, budgets);
+            self.log
+                .emit(EngineEvent::TurnFinished {
+                    turn,
+                    usage,
+                    files_written: facts.files_written,
+                    tool_calls: report.effects.tool_calls,
+                    done: report.done,
+                    outcome: outcome.name().into(),
+                })
+                .await;
+            tracing::debug!(turn, ?outcome, "turn finished");
+            match outcome {
+                TurnOutcome::Complete => {
+                    return self
+                        .finish(
+                            RunStatus::Completed,
+                            "done",
+                            &state.budget,
+                            state.started_at,
+                        )
+                        .await;
+                }
+                TurnOutcome::Stop(reason) => {
+                    return self
+                        .finish(
+                            RunStatus::Completed,
+                            &reason.reason(),
+                            &state.budget,
+                            state.started_at,
+                        )
+                        .await;
+                }
+                TurnOutcome::Continue | TurnOutcome::Nudge => {
+                    state.messages.push(Message {
+                        role: Role::Assistant,
+                        content: bounded(&report.output, self.inner.config.output_view_cap),
+                    });
+                    let next = if outcome == TurnOutcome::Nudge {
+                        NUDGE_MESSAGE.to_string()
+                    } else {
+                        continuation_message(turn, &files, &results, self.inner.config.result_cap)
+                    };
+                    state.messages.push(Message {
+                        role: Role::User,
+                        content: next,
+                    });
+                    state.previous_was_nudge = outcome == TurnOutcome::Nudge;
+                }
+            }
+            // Checkpoint: the turn's events are persisted first.
+            match self.log.flush().await {
+                Ok(seq) => state.last_seq = seq,
+                Err(LogError::Lost(_)) => return AttemptEnd::Abandoned,
+                Err(LogError::Failed(m)) => return AttemptEnd::Retry(m),
+            }
+            let cp = Checkpoint {
+                turn,
+                state: serde_json::to_value(&*state).unwrap_or_default(),
+            };
+            if let Err(e) = self
+                .inner
+                .store
+                .save_checkpoint(self.run_id, self.fence, cp)
+                .await
+            {
+                return self.store_error(e);
+            }
+        }
+    }
+
+    /// If the run token fired, end accordingly.
+    async fn check_stopped(&self, state: &RunState) -> Option<AttemptEnd> {
+        let cause = self.control.cause()?;
+        Some(match cause {
+            StopCause::Cancelled => {
+                self.finish(
+                    RunStatus::Cancelled,
+                    "cancelled",
+                    &state.budget,
+                    state.started_at,
+                )
+                .await
+            }
+            StopCause::Deadline => self.finish_budget(BudgetKind::Deadline, state).await,
+            StopCause::Lost | StopCause::Shutdown => AttemptEnd::Abandoned,
+        })
+    }
+
+    async fn finish_budget(&self, kind: BudgetKind, state: &RunState) -> AttemptEnd {
+        self.finish(
+            RunStatus::Completed,
+            &kind.exhausted_reason(),
+            &state.budget,
+            state.started_at,
+        )
+        .await
+    }
+
+    /// Flush the log, then write the terminal event via [`finish_run`].
+    async fn finish(
+        &self,
+        status: RunStatus,
+        reason: &str,
+        budget: &BudgetState,
+        started_at: DateTime<Utc>,
+    ) -> AttemptEnd {
+        match self.log.flush().await {
+            Ok(_) => {}
+            Err(LogError::Lost(_)) => return AttemptEnd::Abandoned,
+            Err(LogError::Failed(m)) => {
+                tracing::error!(error = %m, "event log failed before finish");
+            }
+        }
+        if matches!(
+            self.control.cause(),
+            Some(StopCause::Lost | StopCause::Shutdown)
+        ) {
+            return AttemptEnd::Abandoned;
+        }
+        let summary = Summary {
+            turns: budget.turns,
+            usage: budget.usage(),
+            cost_usd: budget.cost_usd,
+            tool_calls: budget.tool_calls,
+            duration_ms: elapsed_ms(started_at),
+        };
+        match finish_run(
+            &*self.inner.store,
+            &*self.inner.notifier,
+            self.run_id,
+            Some(self.fence),
+            status,
+            reason,
+            summary,
+        )
+        .await
+        {
+            Ok(_) => AttemptEnd::Finished,
+            Err(StoreError::Finished { .. }) => AttemptEnd::Finished,
+            Err(e) => self.store_error(e),
+        }
+    }
+
+    /// One model call: stream, parse, hand side effects to the handler.
+    async fn turn(
+        &self,
+        turn: u32,
+        request: ModelRequest,
+        state: &RunState,
+        budgets: &Budgets,
+        target: &Arc<FlushTarget>,
+    ) -> Result<TurnReport, TurnError> {
+        let token = self.control.token.clone();
+        let (tx, rx) = mpsc::channel(self.inner.config.effect_channel);
+        let effects = EffectCtx {
+            run_id: self.run_id,
+            fence: self.fence,
+            turn,
+            store: self.inner.store.clone(),
+            target: target.clone(),
+            web: self.inner.web_search.clone(),
+            config: self.inner.config.clone(),
+            log: self.log.clone(),
+            cancel: token.clone(),
+            run_tool_calls: state.budget.tool_calls,
+            max_per_turn: budgets.max_tool_calls_per_turn,
+            max_per_run: budgets.max_tool_calls_per_run,
+        };
+        let out_budget = budgets
+            .max_output_tokens
+            .saturating_sub(state.budget.output_tokens);
+        let stream_side = self.stream(turn, request, tx, out_budget);
+        let effect_side = effects.handle(rx);
+        let (streamed, effected) = tokio::join!(stream_side, effect_side);
+        // A handler failure explains a stream that stopped early, so it wins.
+        let effects_report = effected?;
+        let (output, usage, done, output_budget_hit) = streamed?;
+        // Turn end: everything pending goes to the sandbox now.
+        target.flush().await?;
+        Ok(TurnReport {
+            output,
+            usage,
+            done,
+            effects: effects_report,
+            output_budget_hit,
+        })
+    }
+
+    /// Open the model stream (retrying before output) and parse it.
+    async fn stream(
+        &self,
+        turn: u32,
+        request: ModelRequest,
+        tx: mpsc::Sender<EffectItem>,
+        out_budget: u64,
+    ) -> Result<(String, Option<Usage>, bool, bool), TurnError> {
+        let token = self.control.token.clone();
+        let mut attempt = 0;
+        let mut stream = loop {
+            attempt += 1;
+            let opened = token
+                .run_until_cancelled(self.inner.model.stream(request.clone(), token.clone()))
+                .await;
+            match opened {
+                None => return Err(TurnError::Stopped),
+                Some(Ok(s)) => break s,
+                Some(Err(ModelError::Cancelled)) => return Err(TurnError::Stopped),
+                Some(Err(e)) if e.is_retryable() && attempt < self.inner.config.model_attempts => {
+                    let delay = match &e {
+                        ModelError::RateLimited {
+                            retry_after: Some(d),
+                        }
+                        | ModelError::Overloaded {
+                            retry_after: Some(d),
+                            ..
+                        } => (*d).min(Duration::from_secs(30)),
+                        _ => Duration::from_millis(500 * (1 << attempt.min(6))),
+                    };
+                    self.log
+                        .emit(EngineEvent::ModelRetry {
+                            turn,
+                            attempt,
+                            error: e.to_string(),
+                            delay_ms: delay.as_millis() as u64,
+                        })
+                        .await;
+                    if token
+                        .run_until_cancelled(tokio::time::sleep(delay))
+                        .await
+                        .is_none()
+                    {
+                        return Err(TurnError::Stopped);
+                    }
+                }
+                Some(Err(e)) => return Err(TurnError::Model(e)),
+            }
+        };
+
+        let mut parser = Parser::new();
+        let mut parsed = Vec::new();
+        let mut output = String::new();
+        let mut usage = None;
+        let mut file: Option<(String, String)> = None;
+        let mut done = false;
+        let mut budget_hit = false;
+        loop {
+            let next = match token.run_until_cancelled(stream.next()).await {
+                None => return Err(TurnError::Stopped),
+                Some(n) => n,
+            };
+            match next {
+                None => break,
+                Some(Ok(ModelChunk::Text(t))) => {
+                    output.push_str(&t);
+                    parser.feed(&t, &mut parsed);
+                    self.dispatch(&mut parsed, &mut file, &mut done, &tx)
+                        .await?;
+                    if estimate_tokens(&output) >= out_budget {
+                        budget_hit = true;
+                        break;
+                    }
+                }
+                Some(Ok(ModelChunk::Thinking(t))) => {
+                    self.log
+                        .emit(EngineEvent::ThinkingDelta { content: t })
+                        .await;
+                }
+                Some(Ok(ModelChunk::Usage(u))) => usage = Some(u),
+                Some(Ok(ModelChunk::Finish(_))) => {}
+                Some(Err(ModelError::Cancelled)) => return Err(TurnError::Stopped),
+                Some(Err(e)) => return Err(TurnError::Model(e)),
+            }
+        }
+        parser.finish(&mut parsed);
+        self.dispatch(&mut parsed, &mut file, &mut done, &tx)
+            .await?;
+        Ok((output, usage, done, budget_hit))
+    }
+
+    /// Turn parser events into run events and side-effect work.
+    async fn dispatch(
+        &self,
+        parsed: &mut Vec<Event>,
+        file: &mut Option<(String, String)>,
+        done: &mut bool,
+        tx: &mpsc::Sender<EffectItem>,
+    ) -> Result<(), TurnError> {
+        for ev in parsed.drain(..) {
+            let item = match ev {
+                Event::Text { content } => {
+                    self.log.emit(EngineEvent::TextDelta { content }).await;
+                    None
+                }
+                Event::ThinkingContent { content } => {
+                    self.log.emit(EngineEvent::ThinkingDelta { content }).await;
+                    None
+                }
+                Event::ThinkingStart | Event::ThinkingEnd => None,
+                Event::SandboxStart { project, base } => {
+                    Some(EffectItem::Sandbox(crate::SandboxSpec { project, base }))
+                }
+                Event::SandboxEnd | Event::InstallStart | Event::InstallEnd => None,
+                Event::FileStart { path } => {
+                    *file = Some((path, String::new()));
+                    None
+                }
+                Event::FileContent { content } => {
+                    if let Some((path, buf)) = file.as_mut() {
+                        buf.push_str(&content);
+                        self.log
+                            .emit(EngineEvent::FileDelta {
+                                path: path.clone(),
+                                content,
+                            })
+                            .await;
+                    } else {
+                        self.log.emit(EngineEvent::TextDelta { content }).await;
+                    }
+                    None
+                }
+                Event::FileEnd => file
+                    .take()
+                    .map(|(path, content)| EffectItem::File { path, content }),
+                Event::InstallContent {
+                    dependencies,
+                    framework,
+                } => Some(EffectItem::Install {
+                    dependencies,
+                    framework,
+                }),
+                Event::Command { command, args } => Some(EffectItem::Command { command, args }),
+                Event::WebSearch { query, max_results } => {
+                    Some(EffectItem::WebSearch { query, max_results })
+                }
+                Event::Done => {
+                    *done = true;
+                    None
+                }
+                Event::Error {
+                    code,
+                    message,
+                    severity,
+                    skipped_bytes,
+                } => {
+                    self.log
+                        .emit(EngineEvent::ParseError {
+                            code: code.as_str().into(),
+                            message,
+                            severity: match severity {
+                                crate::parser::Severity::Recoverable => "recoverable".into(),
+                                crate::parser::Severity::Fatal => "fatal".into(),
+                            },
+                            skipped_bytes,
+                        })
+                        .await;
+                    None
+                }
+            };
+            if let Some(item) = item {
+                // Bounded: parsing only waits when the handler is far behind.
+                tokio::select! {
+                    r = tx.send(item) => {
+                        if r.is_err() {
+                            // The handler stopped (error or cancel); its result says why.
+                            return Err(TurnError::Stopped);
+                        }
+                    }
+                    _ = self.control.token.cancelled() => return Err(TurnError::Stopped),
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn elapsed_ms(since: DateTime<Utc>) -> u64 {
+    (Utc::now() - since).num_milliseconds().max(0) as u64
+}

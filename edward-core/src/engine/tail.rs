@@ -1,0 +1,119 @@
+//! Tailing a run's events: replay from the store, then live via notifier
+//! hints plus a periodic backstop re-read. Every item comes from the store
+//! after the last seq seen, so there is no gap and no duplicate; the stream
+//! ends after the terminal event.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::stream::BoxStream;
+use futures::{Stream, StreamExt};
+
+use crate::{Notifier, RunEvent, RunId, RunStore, StoreError};
+
+struct Tail {
+    store: Arc<dyn RunStore>,
+    notifier: Arc<dyn Notifier>,
+    run_id: RunId,
+    last: u64,
+    buf: VecDeque<RunEvent>,
+    hints: Option<BoxStream<'static, u64>>,
+    subscribed: bool,
+    done: bool,
+    backstop: Duration,
+}
+
+const PAGE: usize = 512;
+
+pub(crate) fn tail(
+    store: Arc<dyn RunStore>,
+    notifier: Arc<dyn Notifier>,
+    run_id: RunId,
+    after_seq: u64,
+    backstop: Duration,
+) -> impl Stream<Item = Result<RunEvent, StoreError>> + Send + 'static {
+    let state = Tail {
+        store,
+        notifier,
+        run_id,
+        last: after_seq,
+        buf: VecDeque::new(),
+        hints: None,
+        subscribed: false,
+        done: false,
+        backstop,
+    };
+    futures::stream::unfold(state, |mut s| async move {
+        loop {
+            if let Some(e) = s.buf.pop_front() {
+                if e.seq <= s.last {
+                    continue;
+                }
+                s.last = e.seq;
+                if e.is_terminal() {
+                    s.done = true;
+                    s.buf.clear();
+                }
+                return Some((Ok(e), s));
+            }
+            if s.done {
+                return None;
+            }
+            // Subscribe before reading so no hint between read and wait is lost.
+            if !s.subscribed {
+                s.subscribed = true;
+                s.hints = s.notifier.subscribe_events(s.run_id).await.ok();
+            }
+            match s.store.events_after(s.run_id, s.last, PAGE).await {
+                Ok(evs) if !evs.is_empty() => {
+                    s.buf.extend(evs);
+                    continue;
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    s.done = true;
+                    return Some((Err(e), s));
+                }
+            }
+            match s.store.get_run(s.run_id).await {
+                Ok(None) => {
+                    s.done = true;
+                    return Some((Err(StoreError::NotFound { run_id: s.run_id }), s));
+                }
+                Ok(Some(run)) if run.status.is_terminal() && run.last_seq <= s.last => {
+                    return None;
+                }
+                Ok(Some(_)) => {}
+                Err(e) => {
+                    s.done = true;
+                    return Some((Err(e), s));
+                }
+            }
+            // Wait for a hint newer than what we have, or the backstop.
+            let deadline = tokio::time::sleep(s.backstop);
+            tokio::pin!(deadline);
+            loop {
+                let hint = match s.hints.as_mut() {
+                    Some(h) => {
+                        tokio::select! {
+                            h = h.next() => h,
+                            _ = &mut deadline => break,
+                        }
+                    }
+                    None => {
+                        (&mut deadline).await;
+                        break;
+                    }
+                };
+                match hint {
+                    Some(seq) if seq > s.last => break,
+                    Some(_) => {}
+                    None => {
+                        s.hints = None;
+                    }
+                }
+            }
+        }
+    })
+}

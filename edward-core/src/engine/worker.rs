@@ -1,0 +1,233 @@
+//! The worker: claims runs with a lease, runs up to N at once, heartbeats
+//! each lease at a third of its length, checks run status periodically,
+//! routes cancel signals, and runs the flush scheduler.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use super::Inner;
+use super::effects::{FlushRegistry, flush_scheduler};
+use super::run::{AttemptEnd, RunControl, StopCause, execute};
+use crate::{Lease, QueueError, RetryPolicy, RunId};
+
+/// How a worker runs.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    /// Owner name written into leases (unique per worker).
+    pub id: String,
+    /// Runs executed at once.
+    pub concurrency: usize,
+    /// Lease length; heartbeats every third of it.
+    pub lease: Duration,
+    /// How often to look for work when idle (submits on the same engine wake it at once).
+    pub poll_interval: Duration,
+    /// How often each running run re-reads its status (backup for lost cancels).
+    pub status_check_interval: Duration,
+    /// Retry policy for attempts that failed on infrastructure.
+    pub retry: RetryPolicy,
+    /// Fire to stop: in-flight runs are abandoned without writing (no ack);
+    /// their leases lapse and another worker resumes them.
+    pub shutdown: CancellationToken,
+}
+
+impl WorkerConfig {
+    /// Defaults: 4 concurrent runs, 30 s lease, 200 ms poll, 2 s status check.
+    pub fn new(shutdown: CancellationToken) -> Self {
+        WorkerConfig {
+            id: format!("worker-{}", uuid::Uuid::new_v4()),
+            concurrency: 4,
+            lease: Duration::from_secs(30),
+            poll_interval: Duration::from_millis(200),
+            status_check_interval: Duration::from_secs(2),
+            retry: RetryPolicy::default(),
+            shutdown,
+        }
+    }
+
+    /// Set the worker id.
+    pub fn with_id(mut self, id: impl Into<String>) -> Self {
+        self.id = id.into();
+        self
+    }
+
+    /// Set the concurrency.
+    pub fn with_concurrency(mut self, n: usize) -> Self {
+        self.concurrency = n.max(1);
+        self
+    }
+
+    /// Set the lease length.
+    pub fn with_lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+}
+
+type Controls = Arc<Mutex<HashMap<RunId, Arc<RunControl>>>>;
+
+fn lock(c: &Controls) -> std::sync::MutexGuard<'_, HashMap<RunId, Arc<RunControl>>> {
+    c.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+pub(crate) async fn run_worker(inner: Arc<Inner>, cfg: WorkerConfig) {
+    let span = tracing::info_span!("worker", worker = %cfg.id);
+    let _e = span.enter();
+    drop(_e);
+    let controls: Controls = Arc::default();
+    let registry = FlushRegistry::default();
+    let aux_stop = cfg.shutdown.child_token();
+
+    let scheduler = flush_scheduler(
+        inner.write_buffer.clone(),
+        registry.clone(),
+        inner.config.flush_poll,
+        aux_stop.clone(),
+    );
+    let cancels = cancel_listener(inner.clone(), controls.clone(), aux_stop.clone());
+    let main = async {
+        let mut runs: JoinSet<()> = JoinSet::new();
+        loop {
+            while runs.try_join_next().is_some() {}
+            if cfg.shutdown.is_cancelled() {
+                break;
+            }
+            if runs.len() < cfg.concurrency {
+                match inner.queue.claim(&cfg.id, cfg.lease).await {
+                    Ok(Some(lease)) => {
+                        tracing::debug!(run_id = %lease.run_id, attempt = lease.attempt, "claimed");
+                        runs.spawn(run_task(
+                            inner.clone(),
+                            cfg.clone(),
+                            lease,
+                            controls.clone(),
+                            registry.clone(),
+                        ));
+                        continue;
+                    }
+                    Ok(None) => {}
+                    Err(e) => tracing::warn!(error = %e, "claim failed"),
+                }
+            }
+            tokio::select! {
+                _ = cfg.shutdown.cancelled() => break,
+                _ = runs.join_next(), if !runs.is_empty() => {}
+                _ = inner.wake.notified() => {}
+                _ = tokio::time::sleep(cfg.poll_interval) => {}
+            }
+        }
+        for c in lock(&controls).values() {
+            c.stop(StopCause::Shutdown);
+        }
+        while runs.join_next().await.is_some() {}
+        aux_stop.cancel();
+    };
+    tokio::join!(scheduler, cancels, main);
+}
+
+async fn cancel_listener(inner: Arc<Inner>, controls: Controls, stop: CancellationToken) {
+    let mut stream = match inner.notifier.subscribe_cancels().await {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(error = %e, "no cancel subscription; relying on status checks");
+            return;
+        }
+    };
+    while let Some(Some(run_id)) = stop.run_until_cancelled(stream.next()).await {
+        if let Some(c) = lock(&controls).get(&run_id) {
+            tracing::info!(%run_id, "cancel requested");
+            c.stop(StopCause::Cancelled);
+        }
+    }
+}
+
+async fn run_task(
+    inner: Arc<Inner>,
+    cfg: WorkerConfig,
+    lease: Lease,
+    controls: Controls,
+    registry: FlushRegistry,
+) {
+    let run_id = lease.run_id;
+    let control = Arc::new(RunControl::new());
+    lock(&controls).insert(run_id, control.clone());
+    let current = Arc::new(Mutex::new(lease.clone()));
+
+    let heartbeat = {
+        let inner = inner.clone();
+        let control = control.clone();
+        let current = current.clone();
+        let every = cfg.lease / 3;
+        let lease_for = cfg.lease;
+        async move {
+            loop {
+                tokio::time::sleep(every).await;
+                let held = current
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .clone();
+                match inner.queue.heartbeat(&held, lease_for).await {
+                    Ok(l) => {
+                        *current
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner) = l
+                    }
+                    Err(QueueError::LeaseLost { .. }) => {
+                        tracing::warn!(%run_id, "lease lost; stopping");
+                        control.stop(StopCause::Lost);
+                    }
+                    Err(e) => {
+                        tracing::warn!(%run_id, error = %e, "heartbeat failed");
+                        if chrono::Utc::now() >= held.expires_at {
+                            control.stop(StopCause::Lost);
+                        }
+                    }
+                }
+            }
+        }
+    };
+    let status_check = {
+        let inner = inner.clone();
+        let control = control.clone();
+        let every = cfg.status_check_interval;
+        async move {
+            loop {
+                tokio::time::sleep(every).await;
+                if let Ok(Some(run)) = inner.store.get_run(run_id).await {
+                    if run.status.is_terminal() {
+                        // Finished elsewhere (forced cancel, reaper): write nothing more.
+                        control.stop(StopCause::Lost);
+                    }
+                }
+            }
+        }
+    };
+    let end = tokio::select! {
+        end = execute(inner.clone(), lease, cfg.id.clone(), control.clone(), registry) => end,
+        () = heartbeat => AttemptEnd::Abandoned,
+        () = status_check => AttemptEnd::Abandoned,
+    };
+    lock(&controls).remove(&run_id);
+    let held = current
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
+    match end {
+        AttemptEnd::Finished => {
+            if let Err(e) = inner.queue.ack(&held).await {
+                tracing::warn!(%run_id, error = %e, "ack failed");
+            }
+        }
+        AttemptEnd::Abandoned => tracing::info!(%run_id, "run abandoned on this worker"),
+        AttemptEnd::Retry(msg) => {
+            tracing::warn!(%run_id, error = %msg, "attempt failed; retrying");
+            if let Err(e) = inner.queue.retry(&held, &msg, cfg.retry).await {
+                tracing::warn!(%run_id, error = %e, "retry failed");
+            }
+        }
+    }
+}

@@ -1,0 +1,288 @@
+//! One run with embedded defaults: in-memory store and queue, a local sandbox
+//! under `./edward-data/sandboxes` (or `--dir`), and the scripted demo model.
+//!
+//! ```text
+//! cargo run --example run -- "build a todo app"
+//! cargo run --example run -- --json "build a todo app"   # raw run events as JSON lines
+//! ```
+//!
+//! Exits 0 when the run completes, 1 otherwise.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Parser;
+use edward::core::engine::{Engine, EngineEvent, RunRequest, WorkerConfig};
+use edward::core::{RunEvent, RunId, SandboxProvider};
+use edward::sandbox::LocalSandboxProvider;
+use futures::StreamExt;
+use indicatif::{ProgressBar, ProgressStyle};
+use tokio_util::sync::CancellationToken;
+
+/// Run one Edward run and watch it.
+#[derive(Debug, Parser)]
+#[command(name = "run", about = "Run one Edward run with embedded defaults")]
+struct Cli {
+    /// What to build.
+    #[arg(default_value = "build a todo app")]
+    prompt: String,
+    /// Where sandboxes live.
+    #[arg(long, default_value = "./edward-data/sandboxes")]
+    dir: PathBuf,
+    /// Print the raw run events as JSON lines instead of progress.
+    #[arg(long)]
+    json: bool,
+    /// The user id the run belongs to.
+    #[arg(long, default_value = "local")]
+    user: String,
+    /// The chat id the run belongs to (default: a fresh one).
+    #[arg(long)]
+    chat: Option<String>,
+}
+
+/// Backends chosen from the command line. New options (a database URL, a
+/// model provider) plug in here without touching the rest.
+struct Backends {
+    engine: Engine,
+    provider: Arc<LocalSandboxProvider>,
+}
+
+fn build_backends(cli: &Cli) -> Result<Backends, Box<dyn std::error::Error>> {
+    std::fs::create_dir_all(&cli.dir)?;
+    let provider = Arc::new(LocalSandboxProvider::new(&cli.dir));
+    let engine = Engine::builder()
+        .sandbox_provider(provider.clone() as Arc<dyn SandboxProvider>)
+        .build()?;
+    Ok(Backends { engine, provider })
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli).await {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+async fn run(cli: Cli) -> Result<bool, Box<dyn std::error::Error>> {
+    let Backends { engine, provider } = build_backends(&cli)?;
+    let shutdown = CancellationToken::new();
+    let worker = tokio::spawn({
+        let engine = engine.clone();
+        let cfg = WorkerConfig::new(shutdown.clone()).with_concurrency(1);
+        async move { engine.worker(cfg).await }
+    });
+
+    let chat = cli
+        .chat
+        .clone()
+        .unwrap_or_else(|| format!("chat-{}", RunId::new()));
+    let id = engine
+        .submit(RunRequest::new(cli.user.clone(), chat, cli.prompt.clone()))
+        .await?;
+
+    // Ctrl-C cancels the run (it still ends with its terminal event).
+    let ctrl_c = tokio::spawn({
+        let engine = engine.clone();
+        async move {
+            if tokio::signal::ctrl_c().await.is_ok() {
+                let _ = engine.cancel(id).await;
+            }
+        }
+    });
+
+    let mut view = View::new(cli.json);
+    view.line(&format!("run {id}: {}", cli.prompt));
+    let mut events = Box::pin(engine.events(id, 0));
+    let mut last: Option<RunEvent> = None;
+    while let Some(e) = events.next().await {
+        let e = e?;
+        view.event(&e)?;
+        last = Some(e);
+    }
+    ctrl_c.abort();
+    shutdown.cancel();
+    let _ = worker.await;
+
+    let completed = last
+        .as_ref()
+        .is_some_and(|e| e.payload["status"] == "completed");
+    let workspace = provider.workspace_path(&Engine::sandbox_key(id));
+    view.finish(last.as_ref(), &workspace);
+    Ok(completed)
+}
+
+/// Human-friendly progress (spinner on a TTY, plain lines otherwise) or JSON lines.
+struct View {
+    json: bool,
+    bar: Option<ProgressBar>,
+    files: u64,
+    bytes: u64,
+    command: String,
+}
+
+impl View {
+    fn new(json: bool) -> Self {
+        let bar = if !json && std::io::stdout().is_terminal() {
+            let pb = ProgressBar::new_spinner();
+            pb.set_style(
+                ProgressStyle::with_template("{spinner:.green} {elapsed:>4} {msg}")
+                    .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+            );
+            pb.enable_steady_tick(Duration::from_millis(100));
+            Some(pb)
+        } else {
+            None
+        };
+        View {
+            json,
+            bar,
+            files: 0,
+            bytes: 0,
+            command: String::new(),
+        }
+    }
+
+    fn line(&self, s: &str) {
+        if self.json {
+            return;
+        }
+        match &self.bar {
+            Some(pb) => pb.println(s),
+            None => println!("{s}"),
+        }
+    }
+
+    fn status(&self, s: &str) {
+        if let Some(pb) = &self.bar {
+            pb.set_message(s.to_string());
+        }
+    }
+
+    fn event(&mut self, e: &RunEvent) -> Result<(), serde_json::Error> {
+        if self.json {
+            println!("{}", serde_json::to_string(e)?);
+            return Ok(());
+        }
+        let Some(ev) = EngineEvent::from_stored(&e.kind, &e.payload) else {
+            return Ok(());
+        };
+        match ev {
+            EngineEvent::RunStarted {
+                model, provider, ..
+            } => self.line(&format!("▶ started (model {model} via {provider})")),
+            EngineEvent::RunResumed { from_turn, .. } => {
+                self.line(&format!("↻ resumed after turn {from_turn}"))
+            }
+            EngineEvent::TurnStarted { turn, .. } => {
+                self.line(&format!("— turn {turn}"));
+                self.status(&format!("turn {turn}: thinking…"));
+            }
+            EngineEvent::FileDelta { path, .. } => self.status(&format!("writing {path}")),
+            EngineEvent::TextDelta { .. } => self.status("writing reply"),
+            EngineEvent::FileWritten { path, bytes, .. } => {
+                self.files += 1;
+                self.bytes += bytes;
+                self.line(&format!("  ✎ {path} ({bytes} bytes)"));
+            }
+            EngineEvent::FileWriteFailed { path, error, .. } => {
+                self.line(&format!("  ✗ {path}: {error}"))
+            }
+            EngineEvent::InstallStarted { dependencies, .. } => {
+                self.status(&format!("installing {}", dependencies.join(" ")))
+            }
+            EngineEvent::InstallFinished { result, .. } => self.line(&format!(
+                "  ⬇ install → {}",
+                exit(result.exit_code, result.error.as_deref())
+            )),
+            EngineEvent::CommandStarted { command, args, .. } => {
+                self.command = std::iter::once(command)
+                    .chain(args)
+                    .collect::<Vec<_>>()
+                    .join(" ");
+                self.status(&format!("running {}", self.command))
+            }
+            EngineEvent::CommandFinished { result, .. } => self.line(&format!(
+                "  $ {} → {} ({} ms)",
+                self.command,
+                exit(result.exit_code, result.error.as_deref()),
+                result.duration_ms
+            )),
+            EngineEvent::CommandRejected {
+                command, reason, ..
+            } => self.line(&format!("  ⊘ {command} rejected: {reason}")),
+            EngineEvent::ToolSkipped { tool, budget, .. } => {
+                self.line(&format!("  ⊘ {tool} skipped ({budget} budget)"))
+            }
+            EngineEvent::ParseError { code, message, .. } => {
+                self.line(&format!("  ! parse error {code}: {message}"))
+            }
+            EngineEvent::BudgetWarning {
+                budget,
+                used,
+                limit,
+            } => self.line(&format!("  ⚠ budget {budget}: {used} of {limit} used")),
+            EngineEvent::TurnFinished {
+                turn,
+                usage,
+                outcome,
+                ..
+            } => self.line(&format!(
+                "  turn {turn} done: {} in / {} out tokens{} → {outcome}",
+                usage.input_tokens,
+                usage.output_tokens,
+                if usage.estimated { " (estimated)" } else { "" }
+            )),
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn finish(&self, last: Option<&RunEvent>, workspace: &std::path::Path) {
+        if let Some(pb) = &self.bar {
+            pb.finish_and_clear();
+        }
+        if self.json {
+            return;
+        }
+        let Some(last) = last else {
+            println!("the run produced no events");
+            return;
+        };
+        let p = &last.payload;
+        println!();
+        println!(
+            "run {}: {} ({})",
+            last.run_id,
+            p["status"].as_str().unwrap_or("?"),
+            p["reason"].as_str().unwrap_or("?")
+        );
+        println!(
+            "  turns {}, tool calls {}, tokens {} in / {} out, cost ${:.4}, {} ms",
+            p["turns"],
+            p["tool_calls"],
+            p["usage"]["input_tokens"],
+            p["usage"]["output_tokens"],
+            p["cost_usd"].as_f64().unwrap_or(0.0),
+            p["duration_ms"]
+        );
+        println!("  files written: {} ({} bytes)", self.files, self.bytes);
+        println!("  sandbox: {}", workspace.display());
+    }
+}
+
+fn exit(code: Option<i32>, error: Option<&str>) -> String {
+    match (code, error) {
+        (_, Some(e)) => format!("error: {e}"),
+        (Some(c), None) => format!("exit {c}"),
+        (None, None) => "killed".into(),
+    }
+}
