@@ -148,3 +148,28 @@ fn default_limit_is_one_mebibyte() {
         Err(SseError::LineTooLong { limit: 1_048_576 })
     ));
 }
+
+/// Throughput of the decoder on an OpenAI-shaped stream fed in 1.5 KiB
+/// network-sized chunks. Run with `--ignored --nocapture` (ideally `--release`).
+#[test]
+#[ignore]
+fn decoder_throughput() {
+    let event = "data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"héllo wörld ✓ \"},\"finish_reason\":null}]}\n\n";
+    let body = event.repeat(200_000);
+    let start = std::time::Instant::now();
+    let mut d = SseDecoder::new();
+    let mut n = 0usize;
+    for chunk in body.as_bytes().chunks(1500) {
+        n += d.feed(chunk).unwrap().len();
+    }
+    let secs = start.elapsed().as_secs_f64();
+    assert_eq!(n, 200_000);
+    println!(
+        "sse decoder: {} events, {:.1} MiB in {:.3} s = {:.1} MiB/s, {:.0} events/s",
+        n,
+        body.len() as f64 / 1048576.0,
+        secs,
+        body.len() as f64 / 1048576.0 / secs,
+        n as f64 / secs
+    );
+}
