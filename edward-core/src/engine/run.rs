@@ -270,6 +270,7 @@ impl RunCtx {
         let _ = self.inner.write_buffer.take(&key).await;
 
         let previous_attempt = run.last_seq > 1;
+        let resumed_from_checkpoint = restored.is_some();
         let mut state = match restored {
             Some((turn, st)) => {
                 self.log
@@ -330,6 +331,28 @@ impl RunCtx {
             }
         };
 
+        if !resumed_from_checkpoint {
+            // Checkpoint 0: fixes the start time (the deadline spans resumes)
+            // and the seq before turn 1 (for `turn_restarted`).
+            match self.log.flush().await {
+                Ok(seq) => state.last_seq = seq,
+                Err(LogError::Lost(_)) => return AttemptEnd::Abandoned,
+                Err(LogError::Failed(m)) => return AttemptEnd::Retry(m),
+            }
+            let cp = Checkpoint {
+                turn: 0,
+                state: serde_json::to_value(&state).unwrap_or_default(),
+            };
+            if let Err(e) = self
+                .inner
+                .store
+                .save_checkpoint(self.run_id, self.fence, cp)
+                .await
+            {
+                return self.store_error(e);
+            }
+        }
+
         // The deadline is measured from the first start, across resumes.
         let elapsed = (Utc::now() - state.started_at).to_std().unwrap_or_default();
         let remaining = budgets.deadline().saturating_sub(elapsed);
@@ -368,7 +391,9 @@ impl RunCtx {
 
     fn store_error(&self, e: StoreError) -> AttemptEnd {
         match e {
-            StoreError::StaleFence { .. } | StoreError::Finished { .. } => AttemptEnd::Abandoned,
+            StoreError::StaleFence { .. } => AttemptEnd::Abandoned,
+            // Finished elsewhere (cancel of a just-claimed run, reaper): the job is done.
+            StoreError::Finished { .. } => AttemptEnd::Finished,
             e => AttemptEnd::Retry(e.to_string()),
         }
     }
