@@ -109,11 +109,13 @@ impl std::fmt::Debug for SelectedModel {
     }
 }
 
-/// Build the model client `spec` names, reading keys and base URLs from the
+/// Build the model client `spec` names (`scripted` is
+/// [`ScriptedModel::demo`](crate::scripted::ScriptedModel::demo)), reading keys and base URLs from the
 /// environment (`OPENAI_API_KEY`, `OPENAI_BASE_URL`, `ANTHROPIC_API_KEY`,
 /// `ANTHROPIC_BASE_URL`, `GEMINI_API_KEY`, `GEMINI_BASE_URL`).
 pub fn client_for(spec: &ModelSpec) -> Result<SelectedModel, ProviderConfigError> {
     let client: Option<Arc<dyn ModelClient>> = match spec.provider.as_str() {
+        "scripted" => Some(Arc::new(crate::scripted::ScriptedModel::demo())),
         #[cfg(feature = "openai")]
         "openai" => Some(Arc::new(OpenAiClient::from_env()?)),
         #[cfg(feature = "anthropic")]
@@ -158,6 +160,9 @@ mod tests {
             client_for(&ModelSpec::parse("nope:x").unwrap()),
             Err(ProviderConfigError::UnsupportedProvider { .. })
         ));
+        let scripted = client_for(&ModelSpec::parse("scripted").unwrap()).unwrap();
+        assert_eq!(scripted.client.provider(), "scripted");
+        assert_eq!(scripted.model, "scripted");
     }
 
     #[test]
