@@ -15,7 +15,7 @@ fn client(base_url: &str) -> TavilySearch {
         .api_key(KEY)
         .base_url(base_url)
         .retry(fast_retry())
-        .timeout(Duration::from_millis(500))
+        .timeout(Duration::from_secs(10))
         .build()
         .unwrap()
 }
