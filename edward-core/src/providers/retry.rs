@@ -180,6 +180,27 @@ mod tests {
     }
 
     #[test]
+    fn retry_after_ms_wins_over_retry_after() {
+        use reqwest::header::{HeaderMap, HeaderValue};
+        let mut h = HeaderMap::new();
+        h.insert("retry-after", HeaderValue::from_static("7"));
+        assert_eq!(parse_retry_after(&h), Some(Duration::from_secs(7)));
+        h.insert("retry-after-ms", HeaderValue::from_static("1500.5"));
+        assert_eq!(
+            parse_retry_after(&h),
+            Some(Duration::from_micros(1_500_500))
+        );
+        let date = (chrono::Utc::now() + chrono::Duration::seconds(30)).to_rfc2822();
+        let mut h = HeaderMap::new();
+        h.insert("retry-after", HeaderValue::from_str(&date).unwrap());
+        let d = parse_retry_after(&h).unwrap();
+        assert!(
+            d > Duration::from_secs(25) && d <= Duration::from_secs(30),
+            "{d:?}"
+        );
+    }
+
+    #[test]
     fn backoff_is_bounded_and_attempts_are_capped() {
         let p = RetryPolicy {
             max_attempts: 4,
