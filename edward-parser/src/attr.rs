@@ -16,7 +16,7 @@ use std::borrow::Cow;
 /// assert_eq!(attrs.get("query"), Some("a > b"));
 /// assert_eq!(attrs.get("maxresults"), Some("3"));
 /// assert!(attrs.self_closing());
-/// assert_eq!(attrs.end(), Some(31));
+/// assert_eq!(attrs.end(), Some(30));
 /// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Attributes {

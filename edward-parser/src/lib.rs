@@ -48,6 +48,11 @@ pub use parser::{
 };
 pub use path::{PathError, normalize_path};
 
+/// Not part of the API: the `memchr` this crate scans with, for the
+/// benchmark's physical reference (a plain `<` scan over the same bytes).
+#[doc(hidden)]
+pub use memchr as __memchr;
+
 /// Parse a whole stream at once: [`Parser::feed`] + [`Parser::finish`], then
 /// [`merge_content`]. This is the canonical event sequence that every chunking
 /// of `input` reproduces.

@@ -711,7 +711,10 @@ impl Parser {
         let message = std::mem::take(&mut self.skip_message);
         out.push(Event::Error {
             code: ErrorCode::InvalidFilePath,
-            message: format!("{message}; its {} content bytes were skipped", self.skipped),
+            message: format!(
+                "{message}; its content was skipped ({} bytes)",
+                self.skipped
+            ),
             severity: Severity::Recoverable,
             skipped_bytes: Some(self.skipped),
         });

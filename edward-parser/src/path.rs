@@ -94,11 +94,6 @@ pub fn normalize_path(path: &str) -> Result<String, PathError> {
     if path.starts_with(['/', '\\']) {
         return Err(PathError::Absolute);
     }
-    if let Some(prefix) = scheme_prefix(path) {
-        return Err(PathError::Prefix {
-            prefix: prefix.to_string(),
-        });
-    }
     let mut segments: Vec<&str> = Vec::new();
     for segment in path.split(['/', '\\']) {
         match segment {
@@ -114,22 +109,34 @@ pub fn normalize_path(path: &str) -> Result<String, PathError> {
             s => segments.push(s),
         }
     }
-    if segments.is_empty() {
+    let Some(first) = segments.first() else {
         return Err(PathError::Empty);
+    };
+    // Checked on the normalised path, so `./C:/x` and `a/../file:x` are
+    // caught too (found by the `path` fuzz target).
+    if let Some(prefix) = scheme_prefix(first) {
+        return Err(PathError::Prefix {
+            prefix: prefix.to_string(),
+        });
     }
-    Ok(segments.join("/"))
+    let normalized = segments.join("/");
+    if normalized.len() > MAX_PATH_LEN {
+        return Err(PathError::TooLong {
+            len: normalized.len(),
+        });
+    }
+    Ok(normalized)
 }
 
-/// `C:` / `file:` / `http:` at the start of the first segment.
-fn scheme_prefix(path: &str) -> Option<&str> {
-    let first = path.split(['/', '\\']).next().unwrap_or("");
+/// `C:` / `file:` / `http:` at the start of a (first) segment.
+fn scheme_prefix(first: &str) -> Option<&str> {
     let colon = first.find(':')?;
     let scheme = first.get(..colon)?;
     let mut bytes = scheme.bytes();
     let starts_with_letter = bytes.next().is_some_and(|b| b.is_ascii_alphabetic());
     let rest_ok = bytes.all(|b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'-' | b'.'));
     if starts_with_letter && rest_ok {
-        path.get(..=colon)
+        first.get(..=colon)
     } else {
         None
     }
@@ -179,6 +186,25 @@ mod tests {
         );
         assert_eq!(
             err("file:///etc/passwd"),
+            PathError::Prefix {
+                prefix: "file:".into()
+            }
+        );
+        // the prefix check applies to the normalised path (fuzz finding)
+        assert_eq!(
+            err("./s:\\\\a/..src\\a"),
+            PathError::Prefix {
+                prefix: "s:".into()
+            }
+        );
+        assert_eq!(
+            err("./C:/Windows/x"),
+            PathError::Prefix {
+                prefix: "C:".into()
+            }
+        );
+        assert_eq!(
+            err("a/../file:x"),
             PathError::Prefix {
                 prefix: "file:".into()
             }

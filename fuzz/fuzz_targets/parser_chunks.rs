@@ -1,0 +1,47 @@
+//! The whole parser under a chunking derived from the input: no panic, the
+//! merged events equal the whole-input parse, the hold-back stays under the
+//! cap, and content + skipped bytes never exceed the input.
+#![no_main]
+
+use edward_parser::{Event, MAX_BUFFERED, Parser, merge_content, parse_all};
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    // First bytes pick the cut lengths (in chars); the rest is the stream.
+    let (control, body) = data.split_at(data.len().min(8));
+    let input = String::from_utf8_lossy(body);
+    let whole = parse_all(&input);
+
+    let mut parser = Parser::new();
+    let mut events: Vec<Event> = Vec::new();
+    let mut rest: &str = &input;
+    let mut i = 0usize;
+    while !rest.is_empty() {
+        let len = usize::from(control.get(i % control.len().max(1)).copied().unwrap_or(7) % 17) + 1;
+        i += 1;
+        let end = rest.char_indices().nth(len).map_or(rest.len(), |(j, _)| j);
+        let (chunk, tail) = rest.split_at(end);
+        parser.feed(chunk, &mut events);
+        assert!(parser.buffered_len() <= MAX_BUFFERED);
+        rest = tail;
+    }
+    parser.finish(&mut events);
+    assert_eq!(parser.buffered_len(), 0);
+    let merged = merge_content(events);
+    assert_eq!(merged, whole);
+
+    let mut accounted = 0u64;
+    for e in &whole {
+        match e {
+            Event::Text { content } | Event::ThinkingContent { content } | Event::FileContent { content } => {
+                assert!(!content.is_empty());
+                accounted += content.len() as u64;
+            }
+            Event::Error { skipped_bytes: Some(n), .. } => accounted += n,
+            _ => {}
+        }
+        // the hand-written JSON is always valid enough to round-trip the type
+        assert!(e.to_json().starts_with(&format!("{{\"type\":\"{}\"", e.kind())));
+    }
+    assert!(accounted <= input.len() as u64);
+});
