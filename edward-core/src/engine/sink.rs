@@ -260,3 +260,133 @@ async fn sleep_until_opt(at: Option<Instant>) {
         None => std::future::pending().await,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::{MemoryNotifier, MemoryRunStore};
+    use crate::{AdmissionLimits, NewRun};
+
+    async fn setup() -> (Arc<MemoryRunStore>, RunId) {
+        let store = Arc::new(MemoryRunStore::new());
+        let id = RunId::new();
+        store
+            .admit(
+                NewRun {
+                    id,
+                    user_id: "u".into(),
+                    chat_id: "c".into(),
+                    request: serde_json::json!({}),
+                    first_event: NewEvent::new("run_queued", serde_json::json!({})),
+                },
+                AdmissionLimits::default(),
+            )
+            .await
+            .unwrap();
+        store.start_run(id, Fence(1)).await.unwrap();
+        (store, id)
+    }
+
+    fn log(
+        store: Arc<MemoryRunStore>,
+        id: RunId,
+        fence: u64,
+        lost: CancellationToken,
+    ) -> (RunLog, tokio::task::JoinHandle<()>) {
+        let (log, writer) = RunLog::new(
+            store,
+            Arc::new(MemoryNotifier::new()),
+            id,
+            Fence(fence),
+            LogTuning {
+                window: Duration::from_secs(3600),
+                max_bytes: 16 * 1024,
+            },
+            1,
+            lost,
+        );
+        (log, tokio::spawn(writer))
+    }
+
+    #[tokio::test]
+    async fn coalesces_content_and_keeps_order() {
+        let (store, id) = setup().await;
+        let (log, writer) = log(store.clone(), id, 1, CancellationToken::new());
+        for _ in 0..100 {
+            log.emit(EngineEvent::TextDelta {
+                content: "0123456789".into(),
+            })
+            .await;
+        }
+        log.emit(EngineEvent::TurnStarted {
+            turn: 1,
+            estimated_input_tokens: 0,
+        })
+        .await;
+        for _ in 0..10 {
+            log.emit(EngineEvent::FileDelta {
+                path: "a".into(),
+                content: "x".into(),
+            })
+            .await;
+        }
+        let seq = log.flush().await.unwrap();
+        let evs = store.events_after(id, 1, 100).await.unwrap();
+        let kinds: Vec<_> = evs.iter().map(|e| e.kind.as_str()).collect();
+        assert_eq!(kinds, ["text_delta", "turn_started", "file_delta"]);
+        assert_eq!(evs[0].payload["content"].as_str().unwrap().len(), 1000);
+        assert_eq!(evs[2].payload["content"], "x".repeat(10));
+        assert_eq!(seq, 4);
+        log.close().await;
+        writer.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn size_cap_splits_deltas_and_flushes() {
+        let (store, id) = setup().await;
+        let (log, writer) = log(store.clone(), id, 1, CancellationToken::new());
+        let chunk = "y".repeat(1024);
+        for _ in 0..40 {
+            log.emit(EngineEvent::TextDelta {
+                content: chunk.clone(),
+            })
+            .await;
+        }
+        log.flush().await.unwrap();
+        let evs = store.events_after(id, 1, 100).await.unwrap();
+        assert!(evs.len() >= 3, "40 KiB in ≤16 KiB deltas");
+        let total: usize = evs
+            .iter()
+            .map(|e| e.payload["content"].as_str().unwrap().len())
+            .sum();
+        assert_eq!(total, 40 * 1024);
+        assert!(
+            evs.iter()
+                .all(|e| e.payload["content"].as_str().unwrap().len() <= 16 * 1024)
+        );
+        log.close().await;
+        writer.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn stale_fence_stops_writing_and_fires_lost() {
+        let (store, id) = setup().await;
+        let lost = CancellationToken::new();
+        let (log, writer) = log(store.clone(), id, 1, lost.clone());
+        store.start_run(id, Fence(2)).await.unwrap();
+        log.emit(EngineEvent::TextDelta {
+            content: "late".into(),
+        })
+        .await;
+        assert!(matches!(log.flush().await, Err(LogError::Lost(_))));
+        assert!(lost.is_cancelled());
+        log.emit(EngineEvent::TextDelta {
+            content: "later".into(),
+        })
+        .await;
+        assert!(log.flush().await.is_err());
+        assert!(store.events_after(id, 1, 10).await.unwrap().is_empty());
+        log.close().await;
+        writer.await.unwrap();
+    }
+}

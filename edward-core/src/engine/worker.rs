@@ -9,6 +9,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use super::Inner;
 use super::effects::{FlushRegistry, flush_scheduler};
@@ -76,8 +77,10 @@ fn lock(c: &Controls) -> std::sync::MutexGuard<'_, HashMap<RunId, Arc<RunControl
 
 pub(crate) async fn run_worker(inner: Arc<Inner>, cfg: WorkerConfig) {
     let span = tracing::info_span!("worker", worker = %cfg.id);
-    let _e = span.enter();
-    drop(_e);
+    worker_loop(inner, cfg).instrument(span).await
+}
+
+async fn worker_loop(inner: Arc<Inner>, cfg: WorkerConfig) {
     let controls: Controls = Arc::default();
     let registry = FlushRegistry::default();
     let aux_stop = cfg.shutdown.child_token();
