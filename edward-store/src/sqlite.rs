@@ -236,7 +236,11 @@ async fn diagnose_in(
     }
 }
 
-/// Insert `events` with seqs `first_seq..`, all stamped `at`.
+/// Rows per multi-row `INSERT` (5 parameters each, far below SQLite's limit).
+const INSERT_CHUNK: usize = 128;
+
+/// Insert `events` with seqs `first_seq..`, all stamped `at`, as multi-row
+/// `INSERT`s (one statement per [`INSERT_CHUNK`] events).
 async fn insert_events(
     tx: &mut Transaction<'static, Sqlite>,
     run_id: RunId,
@@ -244,29 +248,39 @@ async fn insert_events(
     at: DateTime<Utc>,
     events: Vec<NewEvent>,
 ) -> Result<Vec<RunEvent>, StoreError> {
-    let mut persisted = Vec::with_capacity(events.len());
-    for (i, event) in events.into_iter().enumerate() {
-        let seq = first_seq + i as i64;
-        sqlx::query(
-            "INSERT INTO run_events (run_id, seq, kind, at, payload) VALUES (?, ?, ?, ?, ?)",
-        )
-        .bind(run_id.0)
-        .bind(seq)
-        .bind(&event.kind)
-        .bind(micros(at))
-        .bind(json_text(&event.payload))
-        .execute(&mut **tx)
-        .await
-        .map_err(store_err)?;
-        persisted.push(RunEvent {
-            run_id,
-            seq: to_u64(seq, "seq")?,
-            kind: event.kind,
-            at,
-            payload: event.payload,
+    let at_us = micros(at);
+    let payloads: Vec<String> = events.iter().map(|e| json_text(&e.payload)).collect();
+    let mut offset = 0usize;
+    for chunk in events.chunks(INSERT_CHUNK) {
+        let mut builder: sqlx::QueryBuilder<'_, Sqlite> =
+            sqlx::QueryBuilder::new("INSERT INTO run_events (run_id, seq, kind, at, payload) ");
+        builder.push_values(chunk.iter().enumerate(), |mut row, (i, event)| {
+            row.push_bind(run_id.0)
+                .push_bind(first_seq + (offset + i) as i64)
+                .push_bind(event.kind.as_str())
+                .push_bind(at_us)
+                .push_bind(payloads[offset + i].as_str());
         });
+        builder
+            .build()
+            .execute(&mut **tx)
+            .await
+            .map_err(store_err)?;
+        offset += chunk.len();
     }
-    Ok(persisted)
+    events
+        .into_iter()
+        .enumerate()
+        .map(|(i, event)| {
+            Ok(RunEvent {
+                run_id,
+                seq: to_u64(first_seq + i as i64, "seq")?,
+                kind: event.kind,
+                at,
+                payload: event.payload,
+            })
+        })
+        .collect()
 }
 
 /// Truncate to the stored precision so returned values equal re-read ones.
