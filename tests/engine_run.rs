@@ -397,3 +397,22 @@ async fn bad_requests_are_typed_errors_naming_the_field() {
             .is_ok()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn web_search_without_a_provider_is_reported_not_fatal() {
+    let model = ScriptedModel::new([
+        "<edward_web_search query=\"vite template\" max_results=\"3\" />",
+        "<edward_done/>",
+    ]);
+    let mut h = Harness::new(model.clone(), EngineConfig::default(), Budgets::default());
+    let events = run_one(&mut h, req()).await;
+    assert_eq!(kinds(&events, "web_search_started").len(), 1);
+    let fin = kinds(&events, "web_search_finished");
+    assert_eq!(fin[0].payload["results"], 0);
+    assert!(fin[0].payload["error"].is_string());
+    assert_eq!(terminal(&events)["reason"], "done");
+    let requests = model.requests();
+    let msg = &requests[1].messages.last().unwrap().content;
+    assert!(msg.contains("web search `vite template`"), "{msg}");
+    h.shutdown().await;
+}

@@ -22,7 +22,7 @@ pub struct Budgets {
     pub max_input_tokens: u64,
     /// Output (completion) tokens summed over turns.
     pub max_output_tokens: u64,
-    /// Cost in USD from the price table (unpriced models cost 0).
+    /// Cost in USD from the price table (unpriced models cost 0); `0.0` = no cost limit.
     pub max_cost_usd: f64,
     /// Wall clock for the whole run, from its first start, in milliseconds.
     pub deadline_ms: u64,

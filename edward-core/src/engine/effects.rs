@@ -116,6 +116,8 @@ pub(crate) struct FlushTarget {
     pub(crate) buffer: Arc<dyn WriteBuffer>,
     pub(crate) log: RunLog,
     pub(crate) cancel: CancellationToken,
+    /// Debounce policy for files put back after a failed flush.
+    policy: crate::FlushPolicy,
     /// Serialises take+write so an older version never overwrites a newer one.
     flushing: tokio::sync::Mutex<()>,
     /// Effect keys waiting for each path.
@@ -133,6 +135,7 @@ impl FlushTarget {
         buffer: Arc<dyn WriteBuffer>,
         log: RunLog,
         cancel: CancellationToken,
+        policy: crate::FlushPolicy,
     ) -> Self {
         FlushTarget {
             run_id,
@@ -142,6 +145,7 @@ impl FlushTarget {
             buffer,
             log,
             cancel,
+            policy,
             flushing: tokio::sync::Mutex::new(()),
             keys: Mutex::new(HashMap::new()),
             written: Mutex::new(Vec::new()),
@@ -216,7 +220,7 @@ impl FlushTarget {
             Err(e) if e.is_retryable() => {
                 tracing::warn!(run_id = %self.run_id, error = %e, "flush failed; files put back");
                 self.buffer
-                    .put(self.slot.key(), files, Utc::now(), Default::default())
+                    .put(self.slot.key(), files, Utc::now(), self.policy)
                     .await?;
                 Ok(())
             }
@@ -542,7 +546,8 @@ impl EffectCtx {
         Ok(())
     }
 
-    /// Budget check before a tool runs. `Some(result)` = skipped.
+    /// Budget check before a tool runs: `false` = skipped (a `tool_skipped`
+    /// event and a result for the model were recorded).
     async fn admit_tool(
         &self,
         index: u32,

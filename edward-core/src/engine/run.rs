@@ -380,6 +380,7 @@ impl RunCtx {
             self.inner.write_buffer.clone(),
             self.log.clone(),
             self.control.token.clone(),
+            self.inner.config.flush,
         ));
         let _registered = self.registry.register(target.clone());
 
