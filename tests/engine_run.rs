@@ -43,6 +43,11 @@ async fn demo_run_writes_the_app_runs_ls_and_completes() {
             .contains("index.html")
     );
     assert_eq!(kinds(&events, "turn_started").len(), 2);
+    let last_write = kinds(&events, "file_written").last().unwrap().seq;
+    assert!(
+        last_write < kinds(&events, "command_started")[0].seq,
+        "files land before the command"
+    );
     assert_eq!(kinds(&events, "run_started").len(), 1);
     let run = h.engine.get(id).await.unwrap().unwrap();
     assert_eq!(run.status, edward::core::RunStatus::Completed);

@@ -633,6 +633,7 @@ impl EffectCtx {
         }
         let manager = self.config.package_manager;
         let request = json!({ "manager": manager.as_str(), "dependencies": dependencies });
+        self.target.flush().await?;
         let rec = self.begin(&key, request.clone()).await?;
         self.log
             .emit(EngineEvent::InstallStarted {
@@ -652,7 +653,6 @@ impl EffectCtx {
                     ..Default::default()
                 },
                 Some((program, args)) => {
-                    self.target.flush().await?;
                     self.exec(program, args, self.config.commands.install_timeout)
                         .await?
                 }
@@ -715,6 +715,9 @@ impl EffectCtx {
             return Ok(());
         }
         let request = json!({ "command": command, "args": args });
+        // Files streamed before the command are in the sandbox (and their
+        // `file_written` events precede `command_started`).
+        self.target.flush().await?;
         let rec = self.begin(&key, request.clone()).await?;
         self.log
             .emit(EngineEvent::CommandStarted {
@@ -727,7 +730,6 @@ impl EffectCtx {
         let result = if let Some(prev) = reusable(&rec, &request) {
             prev
         } else {
-            self.target.flush().await?;
             let r = self
                 .exec(command.clone(), args, self.config.commands.timeout)
                 .await?;
