@@ -127,9 +127,9 @@ pub(crate) struct FlushTarget {
 }
 
 impl FlushTarget {
+    /// `run` is the run and the fence its worker writes with.
     pub(crate) fn new(
-        run_id: RunId,
-        fence: Fence,
+        (run_id, fence): (RunId, Fence),
         slot: Arc<SandboxSlot>,
         store: Arc<dyn RunStore>,
         buffer: Arc<dyn WriteBuffer>,

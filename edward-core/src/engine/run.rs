@@ -373,8 +373,7 @@ impl RunCtx {
             self.log.clone(),
         ));
         let target = Arc::new(FlushTarget::new(
-            self.run_id,
-            self.fence,
+            (self.run_id, self.fence),
             slot.clone(),
             self.inner.store.clone(),
             self.inner.write_buffer.clone(),
