@@ -1,5 +1,8 @@
-//! One run with embedded defaults: in-memory store and queue, a local sandbox
-//! under `./edward-data/sandboxes` (or `--dir`), and the scripted demo model.
+//! One run with embedded defaults: a durable SQLite store and queue in
+//! `./edward.db` (or `--db`; `EDWARD_DATABASE_URL=postgres://…` for Postgres
+//! when built with the `postgres` feature), a local sandbox under
+//! `./edward-data/sandboxes` (or `--dir`), and the scripted demo model.
+//! A run interrupted by a crash is resumed by the next invocation's worker.
 //!
 //! ```text
 //! cargo run --example run -- "build a todo app"
@@ -16,7 +19,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use edward::core::engine::{Engine, EngineEvent, RunRequest, WorkerConfig};
-use edward::core::{RunEvent, RunId, SandboxProvider};
+use edward::core::{RunEvent, RunId, RunQueue, RunStore, SandboxProvider};
 use edward::sandbox::LocalSandboxProvider;
 use futures::StreamExt;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -41,6 +44,12 @@ struct Cli {
     /// The chat id the run belongs to (default: a fresh one).
     #[arg(long)]
     chat: Option<String>,
+    /// SQLite database file holding runs, events and the queue.
+    #[arg(long, default_value = "edward.db")]
+    db: PathBuf,
+    /// A `postgres://` URL to use instead of the SQLite file.
+    #[arg(long, env = "EDWARD_DATABASE_URL")]
+    database_url: Option<String>,
 }
 
 /// Backends chosen from the command line. New options (a database URL, a
@@ -50,13 +59,33 @@ struct Backends {
     provider: Arc<LocalSandboxProvider>,
 }
 
-fn build_backends(cli: &Cli) -> Result<Backends, Box<dyn std::error::Error>> {
+async fn build_backends(cli: &Cli) -> Result<Backends, Box<dyn std::error::Error>> {
     std::fs::create_dir_all(&cli.dir)?;
     let provider = Arc::new(LocalSandboxProvider::new(&cli.dir));
+    let (store, queue) = open_store(cli).await?;
     let engine = Engine::builder()
+        .store(store)
+        .queue(queue)
         .sandbox_provider(provider.clone() as Arc<dyn SandboxProvider>)
         .build()?;
     Ok(Backends { engine, provider })
+}
+
+type StoreAndQueue = (Arc<dyn RunStore>, Arc<dyn RunQueue>);
+
+/// Postgres when a URL is given, else the SQLite file.
+async fn open_store(cli: &Cli) -> Result<StoreAndQueue, Box<dyn std::error::Error>> {
+    if let Some(url) = cli.database_url.as_deref().filter(|u| !u.is_empty()) {
+        #[cfg(feature = "postgres")]
+        {
+            let store = edward::store::PgStore::connect(url).await?;
+            return Ok((Arc::new(store.clone()), Arc::new(store.queue())));
+        }
+        #[cfg(not(feature = "postgres"))]
+        return Err(format!("{url:.11}…: built without the `postgres` feature").into());
+    }
+    let store = edward::store::SqliteStore::open(&cli.db).await?;
+    Ok((Arc::new(store.clone()), Arc::new(store)))
 }
 
 #[tokio::main]
@@ -73,7 +102,7 @@ async fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> Result<bool, Box<dyn std::error::Error>> {
-    let Backends { engine, provider } = build_backends(&cli)?;
+    let Backends { engine, provider } = build_backends(&cli).await?;
     let shutdown = CancellationToken::new();
     let worker = tokio::spawn({
         let engine = engine.clone();

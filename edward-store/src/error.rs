@@ -49,6 +49,7 @@ pub(crate) fn is_retryable(err: &sqlx::Error) -> bool {
 }
 
 /// Whether `err` is a unique-constraint violation.
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
 pub(crate) fn is_unique_violation(err: &sqlx::Error) -> bool {
     match err {
         sqlx::Error::Database(db) => db.is_unique_violation(),
