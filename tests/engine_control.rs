@@ -255,3 +255,73 @@ async fn cancel_reaches_a_run_on_any_worker_of_the_engine() {
     }
     h.shutdown().await;
 }
+
+/// A notifier that loses every cancel signal.
+struct DeafNotifier(edward::core::memory::MemoryNotifier);
+
+#[async_trait::async_trait]
+impl edward::core::Notifier for DeafNotifier {
+    async fn notify_events(
+        &self,
+        run_id: RunId,
+        last_seq: u64,
+    ) -> Result<(), edward::core::InfraError> {
+        self.0.notify_events(run_id, last_seq).await
+    }
+    async fn subscribe_events(
+        &self,
+        run_id: RunId,
+    ) -> Result<futures::stream::BoxStream<'static, u64>, edward::core::InfraError> {
+        self.0.subscribe_events(run_id).await
+    }
+    async fn notify_cancel(&self, _run_id: RunId) -> Result<(), edward::core::InfraError> {
+        Ok(())
+    }
+    async fn subscribe_cancels(
+        &self,
+    ) -> Result<futures::stream::BoxStream<'static, RunId>, edward::core::InfraError> {
+        self.0.subscribe_cancels().await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_cancel_signal_is_backed_up_by_the_grace_period_and_status_check() {
+    let model = ScriptedModel::new(["slow ".repeat(5000)])
+        .with_chunk_bytes(8)
+        .with_delay(Duration::from_millis(5));
+    let config = EngineConfig {
+        cancel_grace: Duration::from_millis(200),
+        ..EngineConfig::default()
+    };
+    let mut h = Harness::with(|b| {
+        b.model(std::sync::Arc::new(model))
+            .config(config)
+            .notifier(std::sync::Arc::new(DeafNotifier(
+                edward::core::memory::MemoryNotifier::new(),
+            )))
+    });
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let cfg = edward::core::engine::WorkerConfig::new(shutdown.clone())
+        .with_status_check(Duration::from_millis(100));
+    let engine = h.engine.clone();
+    let worker = tokio::spawn(async move { engine.worker(cfg).await });
+    let id = h.submit("x").await;
+    wait_for(&h, id, |e| e.kind == "text_delta").await;
+    assert_eq!(h.engine.cancel(id).await.unwrap(), CancelOutcome::Requested);
+    let events = collect(&h.engine, id).await;
+    assert_log_ok(&events);
+    assert_eq!(terminal(&events)["status"], "cancelled");
+    // The worker notices and drops the run; shutting down does not hang.
+    shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(10), worker)
+        .await
+        .expect("worker stops")
+        .unwrap();
+    let after = collect(&h.engine, id).await;
+    assert_eq!(
+        after.len(),
+        events.len(),
+        "nothing written after the terminal event"
+    );
+    h.workers.clear();
+}

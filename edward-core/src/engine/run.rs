@@ -39,6 +39,9 @@ pub(crate) enum StopCause {
     Lost,
     /// The worker is shutting down: abandon without writing (another worker resumes).
     Shutdown,
+    /// The run reached a terminal status elsewhere (forced cancel, reaper):
+    /// write nothing, but the job is done (ack).
+    FinishedElsewhere,
 }
 
 /// The per-run token plus the first reason it fired.
@@ -634,6 +637,7 @@ impl RunCtx {
             }
             StopCause::Deadline => self.finish_budget(BudgetKind::Deadline, state).await,
             StopCause::Lost | StopCause::Shutdown => AttemptEnd::Abandoned,
+            StopCause::FinishedElsewhere => AttemptEnd::Finished,
         })
     }
 
@@ -655,6 +659,9 @@ impl RunCtx {
         budget: &BudgetState,
         started_at: DateTime<Utc>,
     ) -> AttemptEnd {
+        if self.control.cause() == Some(StopCause::FinishedElsewhere) {
+            return AttemptEnd::Finished;
+        }
         match self.log.flush().await {
             Ok(_) => {}
             Err(LogError::Lost(_)) => return AttemptEnd::Abandoned,
@@ -662,11 +669,10 @@ impl RunCtx {
                 tracing::error!(error = %m, "event log failed before finish");
             }
         }
-        if matches!(
-            self.control.cause(),
-            Some(StopCause::Lost | StopCause::Shutdown)
-        ) {
-            return AttemptEnd::Abandoned;
+        match self.control.cause() {
+            Some(StopCause::Lost | StopCause::Shutdown) => return AttemptEnd::Abandoned,
+            Some(StopCause::FinishedElsewhere) => return AttemptEnd::Finished,
+            _ => {}
         }
         let summary = Summary {
             turns: budget.turns,

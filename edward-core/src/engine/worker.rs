@@ -27,7 +27,8 @@ pub struct WorkerConfig {
     pub lease: Duration,
     /// How often to look for work when idle (submits on the same engine wake it at once).
     pub poll_interval: Duration,
-    /// How often each running run re-reads its status (backup for lost cancels).
+    /// How often each running run re-reads its status (backup for lost
+    /// cancels: a run finished elsewhere is stopped without writing).
     pub status_check_interval: Duration,
     /// Retry policy for attempts that failed on infrastructure.
     pub retry: RetryPolicy,
@@ -59,6 +60,12 @@ impl WorkerConfig {
     /// Set the concurrency.
     pub fn with_concurrency(mut self, n: usize) -> Self {
         self.concurrency = n.max(1);
+        self
+    }
+
+    /// Set the status check interval.
+    pub fn with_status_check(mut self, every: Duration) -> Self {
+        self.status_check_interval = every;
         self
     }
 
@@ -203,7 +210,7 @@ async fn run_task(
                 if let Ok(Some(run)) = inner.store.get_run(run_id).await {
                     if run.status.is_terminal() {
                         // Finished elsewhere (forced cancel, reaper): write nothing more.
-                        control.stop(StopCause::Lost);
+                        control.stop(StopCause::FinishedElsewhere);
                     }
                 }
             }
