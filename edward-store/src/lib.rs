@@ -4,7 +4,7 @@
 //!   SQLite file holds runs, events, checkpoints, side-effect records and the
 //!   work queue; implements [`edward_core::RunStore`] and
 //!   [`edward_core::RunQueue`].
-//! - [`PgStore`], [`PgQueue`] and [`PgNotifier`] (feature `postgres`): many
+//! - [`PgStore`], [`PgQueue`], [`PgNotifier`] and [`PgLock`] (feature `postgres`): many
 //!   worker processes on one Postgres database, with `FOR UPDATE SKIP LOCKED`
 //!   claims, fences from a sequence, advisory-lock admission and
 //!   `LISTEN`/`NOTIFY` wake-ups.
@@ -31,6 +31,6 @@ pub use common::StoreOptions;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use error::ConnectError;
 #[cfg(feature = "postgres")]
-pub use postgres::{PgNotifier, PgOptions, PgQueue, PgStore, migrate as migrate_postgres};
+pub use postgres::{PgLock, PgNotifier, PgOptions, PgQueue, PgStore, migrate as migrate_postgres};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStore;

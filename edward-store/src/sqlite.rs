@@ -84,7 +84,13 @@ impl SqliteStore {
         connect: SqliteConnectOptions,
         store: StoreOptions,
     ) -> Result<Self, ConnectError> {
-        let in_memory = connect.get_filename() == Path::new(":memory:");
+        // sqlx rewrites `:memory:` to a named shared-cache memory database.
+        let in_memory = {
+            let name = connect.get_filename().to_string_lossy();
+            name == ":memory:"
+                || name.starts_with("file:sqlx-in-memory")
+                || name.contains("mode=memory")
+        };
         let connect = connect
             .journal_mode(if in_memory {
                 SqliteJournalMode::Memory

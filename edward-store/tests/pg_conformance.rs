@@ -9,9 +9,9 @@ mod common;
 
 use std::sync::Arc;
 
-use edward_core::testkit::{notifier, run_queue, run_store};
-use edward_core::{Notifier, RunQueue, RunStore};
-use edward_store::{PgNotifier, PgOptions, PgQueue, PgStore, StoreOptions};
+use edward_core::testkit::{lock, notifier, run_queue, run_store};
+use edward_core::{Lock, Notifier, RunQueue, RunStore};
+use edward_store::{PgLock, PgNotifier, PgOptions, PgQueue, PgStore, StoreOptions};
 
 async fn pg_store() -> PgStore {
     let options = PgOptions::default()
@@ -31,6 +31,10 @@ async fn pg_notifier() -> PgNotifier {
     PgNotifier::from_pool(store.pool().clone(), &common::fresh_schema())
         .await
         .expect("notifier")
+}
+
+async fn pg_lock() -> PgLock {
+    PgLock::from_pool(pg_store().await.pool().clone())
 }
 
 macro_rules! checks {
@@ -83,6 +87,14 @@ checks! { pg_notifier as Notifier:
     notifier_notify_without_subscribers => notifier::check_notify_without_subscribers, r#ref;
     notifier_cancel_broadcast => notifier::check_cancel_broadcast, r#ref;
     notifier_run_all => notifier::run_all, arc;
+}
+
+checks! { pg_lock as Lock:
+    lock_acquire_renew_release => lock::check_acquire_renew_release, r#ref;
+    lock_expiry => lock::check_expiry, r#ref;
+    lock_renew_extends => lock::check_renew_extends, r#ref;
+    lock_concurrent_acquire => lock::check_concurrent_acquire, arc;
+    lock_run_all => lock::run_all, arc;
 }
 
 /// The suites also pass on the shared default schema (no isolation), as a

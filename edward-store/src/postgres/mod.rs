@@ -1,9 +1,11 @@
 //! Postgres adapters: [`PgStore`] ([`edward_core::RunStore`]), [`PgQueue`]
-//! ([`edward_core::RunQueue`]) and [`PgNotifier`] ([`edward_core::Notifier`]).
+//! ([`edward_core::RunQueue`]), [`PgNotifier`] ([`edward_core::Notifier`])
+//! and [`PgLock`] ([`edward_core::Lock`]).
 //!
 //! All times come from the database (`now()`), so worker clock skew does not
 //! matter for leases and backoff.
 
+mod lock;
 mod notifier;
 mod queue;
 mod store;
@@ -12,6 +14,7 @@ use std::str::FromStr;
 
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
+pub use lock::PgLock;
 pub use notifier::PgNotifier;
 pub use queue::PgQueue;
 pub use store::PgStore;
