@@ -14,10 +14,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PORT="${EDWARD_PG_PORT:-55432}"
-BASE="$(pwd)/target/pg"
-DATA="$BASE/data"
-SOCK="$BASE/run"
-LOG="$BASE/postgres.log"
+set_base() {
+    BASE="$1"
+    DATA="$BASE/data"
+    SOCK="$BASE/run"
+    LOG="$BASE/postgres.log"
+}
+set_base "$(pwd)/target/pg"
 DB="${EDWARD_PG_DB:-edward_test}"
 USER_NAME=edward
 URL="postgres://${USER_NAME}@127.0.0.1:${PORT}/${DB}"
@@ -57,6 +60,13 @@ start() {
     if [[ "$(id -u)" -eq 0 ]]; then
         id postgres >/dev/null 2>&1 || useradd --system --home-dir "$BASE" postgres
         chown postgres: "$BASE"
+        # The checkout may sit under a directory the postgres user cannot
+        # enter; then keep the server's files in a private temp directory.
+        if ! runuser -u postgres -- test -w "$BASE"; then
+            set_base "${TMPDIR:-/tmp}/edward-pg-$PORT"
+            mkdir -p "$BASE" && chown postgres: "$BASE"
+            log "checkout not accessible to postgres; using $BASE"
+        fi
     fi
     if is_ready; then
         log "already running on port $PORT"
@@ -86,6 +96,7 @@ start() {
 
 stop() {
     BIN="$(find_bin)"
+    [[ -f "$DATA/postmaster.pid" ]] || set_base "${TMPDIR:-/tmp}/edward-pg-$PORT"
     if [[ -f "$DATA/postmaster.pid" ]]; then
         log "stopping"
         as_owner "$BIN/pg_ctl" -D "$DATA" -m fast -w stop >&2 || true
