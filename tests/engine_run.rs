@@ -421,3 +421,102 @@ async fn web_search_without_a_provider_is_reported_not_fatal() {
     assert!(msg.contains("web search `vite template`"), "{msg}");
     h.shutdown().await;
 }
+
+/// A model client with a small context window and its own retries, wrapping
+/// the scripted model: the engine must refuse a turn that cannot fit.
+struct SmallWindow {
+    inner: ScriptedModel,
+    window: u64,
+}
+
+#[async_trait::async_trait]
+impl edward::core::ModelClient for SmallWindow {
+    fn provider(&self) -> &str {
+        "small-window"
+    }
+
+    async fn stream(
+        &self,
+        request: edward::core::ModelRequest,
+        cancel: tokio_util::sync::CancellationToken,
+    ) -> Result<edward::core::ModelStream, edward::core::ModelError> {
+        self.inner.stream(request, cancel).await
+    }
+
+    fn context_window(&self, _model: &str) -> Option<u64> {
+        Some(self.window)
+    }
+
+    fn retries_internally(&self) -> bool {
+        true
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_that_cannot_fit_the_context_window_is_refused_before_the_call() {
+    let model = ScriptedModel::new([file_turn("a.txt")]);
+    let client = std::sync::Arc::new(SmallWindow {
+        inner: model.clone(),
+        window: 100,
+    });
+    let mut h = Harness::with(|b| b.model(client));
+    let events = run_one(&mut h, req()).await;
+    let fin = terminal(&events);
+    assert_eq!(fin["status"], "failed", "{fin}");
+    assert!(
+        fin["reason"]
+            .as_str()
+            .is_some_and(|r| r.starts_with("error: context too long")),
+        "{fin}"
+    );
+    assert!(model.requests().is_empty(), "the model was never called");
+    h.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_retries_internally_is_not_retried_again() {
+    // Turn 1 fails with a retryable error; the engine would normally retry
+    // (model_attempts = 3), but this client says it already retried.
+    let model = ScriptedModel::new([file_turn("a.txt")]);
+    let client = std::sync::Arc::new(FailingOnce {
+        inner: model.clone(),
+        failed: std::sync::atomic::AtomicBool::new(false),
+    });
+    let mut h = Harness::with(|b| b.model(client));
+    let events = run_one(&mut h, req()).await;
+    let fin = terminal(&events);
+    assert_eq!(fin["status"], "failed", "{fin}");
+    assert!(kinds(&events, "model_retry").is_empty(), "no engine retry");
+    assert!(model.requests().is_empty());
+    h.shutdown().await;
+}
+
+struct FailingOnce {
+    inner: ScriptedModel,
+    failed: std::sync::atomic::AtomicBool,
+}
+
+#[async_trait::async_trait]
+impl edward::core::ModelClient for FailingOnce {
+    fn provider(&self) -> &str {
+        "failing-once"
+    }
+
+    async fn stream(
+        &self,
+        request: edward::core::ModelRequest,
+        cancel: tokio_util::sync::CancellationToken,
+    ) -> Result<edward::core::ModelStream, edward::core::ModelError> {
+        if !self.failed.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            return Err(edward::core::ModelError::Overloaded {
+                status: 503,
+                retry_after: None,
+            });
+        }
+        self.inner.stream(request, cancel).await
+    }
+
+    fn retries_internally(&self) -> bool {
+        true
+    }
+}

@@ -434,6 +434,32 @@ pub trait ModelClient: Send + Sync + 'static {
         request: ModelRequest,
         cancel: CancellationToken,
     ) -> Result<ModelStream, ModelError>;
+
+    /// Estimated input tokens of `request`, for the engine's pre-call checks
+    /// (budget and context window). Default: bytes / 4 over system prompt and
+    /// messages; providers with a tokenizer override it.
+    fn estimate_input_tokens(&self, request: &ModelRequest) -> u64 {
+        crate::pricing::estimate_tokens(&request.system)
+            + request
+                .messages
+                .iter()
+                .map(|m| crate::pricing::estimate_tokens(&m.content))
+                .sum::<u64>()
+    }
+
+    /// The context window (input + output tokens) of `model`, when known.
+    /// The engine refuses a turn whose estimated input cannot fit.
+    fn context_window(&self, model: &str) -> Option<u64> {
+        let _ = model;
+        None
+    }
+
+    /// Whether [`ModelClient::stream`] already retries retryable failures
+    /// before the first byte. The engine then does not retry on top of it
+    /// (retries would otherwise multiply).
+    fn retries_internally(&self) -> bool {
+        false
+    }
 }
 
 // ---------------------------------------------------------------- WebSearch

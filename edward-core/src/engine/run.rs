@@ -421,13 +421,37 @@ impl RunCtx {
             if turn > budgets.max_turns {
                 return self.finish_budget(BudgetKind::Turns, state).await;
             }
-            // Pre-call check: the estimated input must fit the remaining budget.
-            let est_input = estimate_tokens(SYSTEM_PROMPT)
-                + state
-                    .messages
-                    .iter()
-                    .map(|m| estimate_tokens(&m.content))
-                    .sum::<u64>();
+            let remaining_out = budgets
+                .max_output_tokens
+                .saturating_sub(state.budget.output_tokens);
+            let request = ModelRequest {
+                model: model.to_string(),
+                system: SYSTEM_PROMPT.to_string(),
+                messages: state.messages.clone(),
+                max_output_tokens: Some(
+                    remaining_out.min(u64::from(self.inner.config.max_output_tokens_per_call))
+                        as u32,
+                ),
+                temperature: None,
+            };
+            // Pre-call checks: the estimated input must fit the model's
+            // context window and the remaining budgets.
+            let est_input = self.inner.model.estimate_input_tokens(&request);
+            if let Some(window) = self.inner.model.context_window(model) {
+                if est_input >= window {
+                    return self
+                        .finish(
+                            RunStatus::Failed,
+                            &format!(
+                                "error: context too long: the next request needs about \
+                                 {est_input} input tokens, the model's context window is {window}"
+                            ),
+                            &state.budget,
+                            state.started_at,
+                        )
+                        .await;
+                }
+            }
             if state.budget.input_tokens + est_input > budgets.max_input_tokens {
                 return self.finish_budget(BudgetKind::InputTokens, state).await;
             }
@@ -443,19 +467,6 @@ impl RunCtx {
             {
                 return self.finish_budget(BudgetKind::Cost, state).await;
             }
-            let remaining_out = budgets
-                .max_output_tokens
-                .saturating_sub(state.budget.output_tokens);
-            let request = ModelRequest {
-                model: model.to_string(),
-                system: SYSTEM_PROMPT.to_string(),
-                messages: state.messages.clone(),
-                max_output_tokens: Some(
-                    remaining_out.min(u64::from(self.inner.config.max_output_tokens_per_call))
-                        as u32,
-                ),
-                temperature: None,
-            };
             self.log
                 .emit(EngineEvent::TurnStarted {
                     turn,
@@ -752,6 +763,13 @@ impl RunCtx {
         out_budget: u64,
     ) -> Result<(String, Option<Usage>, bool, bool), TurnError> {
         let token = self.control.token.clone();
+        // A client that retries internally (the HTTP providers) is not
+        // retried again here, or attempts would multiply.
+        let max_attempts = if self.inner.model.retries_internally() {
+            1
+        } else {
+            self.inner.config.model_attempts
+        };
         let mut attempt = 0;
         let mut stream = loop {
             attempt += 1;
@@ -762,7 +780,7 @@ impl RunCtx {
                 None => return Err(TurnError::Stopped),
                 Some(Ok(s)) => break s,
                 Some(Err(ModelError::Cancelled)) => return Err(TurnError::Stopped),
-                Some(Err(e)) if e.is_retryable() && attempt < self.inner.config.model_attempts => {
+                Some(Err(e)) if e.is_retryable() && attempt < max_attempts => {
                     let delay = match &e {
                         ModelError::RateLimited {
                             retry_after: Some(d),

@@ -162,6 +162,18 @@ impl ModelClient for GeminiClient {
         "gemini"
     }
 
+    fn estimate_input_tokens(&self, request: &ModelRequest) -> u64 {
+        super::tokens::estimate_request_tokens(request)
+    }
+
+    fn context_window(&self, model: &str) -> Option<u64> {
+        super::tokens::context_window(model)
+    }
+
+    fn retries_internally(&self) -> bool {
+        self.core.retry.max_attempts > 1
+    }
+
     async fn stream(
         &self,
         request: ModelRequest,
