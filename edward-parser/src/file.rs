@@ -119,6 +119,7 @@ impl Default for FileFilter {
     }
 }
 
+#[inline]
 fn emit(out: &mut Vec<Event>, s: &str) {
     if !s.is_empty() {
         out.push(Event::FileContent {
@@ -128,6 +129,12 @@ fn emit(out: &mut Vec<Event>, s: &str) {
 }
 
 impl FileFilter {
+    /// Whether content now passes straight through (no fence, nothing held).
+    #[inline]
+    pub(crate) fn is_plain(&self) -> bool {
+        self.stage == Stage::Plain
+    }
+
     /// Bytes currently held back.
     pub(crate) fn buffered_len(&self) -> usize {
         let cr = usize::from(self.stage == Stage::StartCr);

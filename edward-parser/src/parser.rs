@@ -88,8 +88,6 @@ const C_FILE: u16 = 1 << 9;
 const C_INSTALL: u16 = 1 << 10;
 /// Closers that carry no meaning and are dropped silently.
 const C_DROPPED: u16 = (1 << 11) | (1 << 12) | (1 << 13) | (1 << 14);
-const ALL_CLOSERS: u16 = C_THINKING | C_SANDBOX | C_FILE | C_INSTALL | C_DROPPED;
-const EDWARD_OPENERS: u16 = O_SANDBOX | O_INSTALL | O_COMMAND | O_WEB_SEARCH | O_DONE;
 /// Openers that end thinking (and install) implicitly.
 const ACTIONS: u16 = O_SANDBOX | O_COMMAND | O_WEB_SEARCH | O_DONE;
 
@@ -123,14 +121,60 @@ impl Mode {
     }
 }
 
-/// Whether a `<` followed by `b` can start a tag from `mask`.
-fn could_start(mask: u16, b: u8) -> bool {
-    match b.to_ascii_lowercase() {
-        b'/' => mask & ALL_CLOSERS != 0,
-        b't' => mask & O_THINKING != 0,
-        b'e' => mask & EDWARD_OPENERS != 0,
-        b'f' => mask & O_FILE != 0,
-        _ => false,
+/// Longest name in [`NAMES`].
+const MAX_NAME: usize = 18;
+
+/// `POS[k][b]`: the names whose byte `k` is `b` (ASCII case-insensitively), so
+/// matching a name costs one table lookup per byte.
+static POS: [[u16; 256]; MAX_NAME] = build_pos();
+
+/// `FULL[k]`: the names that are `k` bytes long.
+static FULL: [u16; MAX_NAME + 1] = build_full();
+
+const fn build_pos() -> [[u16; 256]; MAX_NAME] {
+    let mut table = [[0u16; 256]; MAX_NAME];
+    let mut j = 0;
+    while j < NAMES.len() {
+        let text = NAMES[j].text;
+        let mut k = 0;
+        while k < text.len() {
+            let c = text[k];
+            table[k][c as usize] |= 1 << j;
+            if c.is_ascii_lowercase() {
+                table[k][c.to_ascii_uppercase() as usize] |= 1 << j;
+            }
+            k += 1;
+        }
+        j += 1;
+    }
+    table
+}
+
+const fn build_full() -> [u16; MAX_NAME + 1] {
+    let mut table = [0u16; MAX_NAME + 1];
+    let mut j = 0;
+    while j < NAMES.len() {
+        table[NAMES[j].text.len()] |= 1 << j;
+        j += 1;
+    }
+    table
+}
+
+/// The names of `mask` whose byte `k` is `b`.
+#[inline]
+fn names_with(mask: u16, k: usize, b: u8) -> u16 {
+    POS.get(k).map_or(0, |row| row[usize::from(b)] & mask)
+}
+
+/// Whether the bytes after a `<` (as many as are available) can still start
+/// a tag from `mask`. Checks at most two bytes: a cheap filter before the
+/// candidate machinery.
+#[inline]
+fn could_start(mask: u16, after: &[u8]) -> bool {
+    match after {
+        [] => true,
+        [a] => names_with(mask, 0, *a) != 0,
+        [a, b, ..] => names_with(names_with(mask, 0, *a), 1, *b) != 0,
     }
 }
 
@@ -195,10 +239,11 @@ impl Cand {
             match self.phase {
                 Phase::Name { mask, k } => {
                     let k = usize::from(k);
-                    let full = NAMES
-                        .iter()
-                        .enumerate()
-                        .find(|(j, n)| mask & (1 << j) != 0 && n.text.len() == k);
+                    let full_mask = mask & FULL.get(k).copied().unwrap_or(0);
+                    // names are prefix-free: a full match is the only candidate
+                    let full = (full_mask != 0)
+                        .then(|| full_mask.trailing_zeros() as usize)
+                        .and_then(|j| NAMES.get(j).map(|n| (j, n)));
                     if let Some((j, n)) = full {
                         self.entry = j;
                         if b == b'>' {
@@ -216,13 +261,7 @@ impl Cand {
                             Phase::Body(Lexer::new())
                         };
                     } else {
-                        let lower = b.to_ascii_lowercase();
-                        let mut next = 0u16;
-                        for (j, n) in NAMES.iter().enumerate() {
-                            if mask & (1 << j) != 0 && n.text.get(k) == Some(&lower) {
-                                next |= 1 << j;
-                            }
-                        }
+                        let next = names_with(mask, k, b);
                         if next == 0 {
                             return (Outcome::Reject, i);
                         }
@@ -255,6 +294,38 @@ impl Cand {
         }
         (Outcome::Need, bytes.len())
     }
+}
+
+/// The first `<` in `hay`. Small chunks (a token or two, as models stream)
+/// are scanned directly: cheaper than memchr's setup.
+#[inline]
+fn find_lt(hay: &[u8]) -> Option<usize> {
+    if hay.len() >= 32 {
+        return memchr::memchr(b'<', hay);
+    }
+    // SWAR: eight bytes at a time; a zero byte of `word ^ LT` is a `<`. The
+    // lowest flagged byte is always a real match (false flags only occur
+    // above a real one).
+    const LT: u64 = 0x3c3c_3c3c_3c3c_3c3c;
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGHS: u64 = 0x8080_8080_8080_8080;
+    let mut words = hay.chunks_exact(8);
+    let mut offset = 0;
+    for w in words.by_ref() {
+        let mut bytes = [0u8; 8];
+        bytes.copy_from_slice(w);
+        let x = u64::from_le_bytes(bytes) ^ LT;
+        let found = x.wrapping_sub(ONES) & !x & HIGHS;
+        if found != 0 {
+            return Some(offset + (found.trailing_zeros() / 8) as usize);
+        }
+        offset += 8;
+    }
+    words
+        .remainder()
+        .iter()
+        .position(|&b| b == b'<')
+        .map(|i| offset + i)
 }
 
 /// `s[a..b]`, or `""` if that is not a valid slice (never happens for the
@@ -404,20 +475,19 @@ impl Parser {
         let mut start = 0; // start of content not yet emitted
         let mut pos = 0; // where to look for the next `<`
         loop {
-            let Some(off) = memchr::memchr(b'<', bytes.get(pos..).unwrap_or(&[])) else {
+            let Some(off) = find_lt(bytes.get(pos..).unwrap_or(&[])) else {
                 let consumed = self.content(sub(s, start, s.len()), out);
                 return sub(s, start + consumed, s.len());
             };
             let lt = pos + off;
             let mask = self.mode.tags();
-            if let Some(&next) = bytes.get(lt + 1) {
-                if !could_start(mask, next) {
-                    pos = lt + 1;
-                    continue;
-                }
+            let after = bytes.get(lt + 1..).unwrap_or(&[]);
+            if !could_start(mask, after) {
+                pos = lt + 1;
+                continue;
             }
             let mut cand = Cand::new(mask);
-            let (outcome, n) = cand.advance(bytes.get(lt + 1..).unwrap_or(&[]));
+            let (outcome, n) = cand.advance(after);
             let end = lt + 1 + n;
             if let Outcome::Reject = outcome {
                 pos = end;
@@ -513,6 +583,7 @@ impl Parser {
     /// Emit content in the current mode. Returns how much was taken: all of
     /// it, except when an install body reaches its limit (the install is then
     /// closed and the rest belongs to the enclosing state).
+    #[inline]
     fn content(&mut self, s: &str, out: &mut Vec<Event>) -> usize {
         if s.is_empty() {
             return 0;
@@ -522,6 +593,9 @@ impl Parser {
                 content: s.to_string(),
             }),
             Mode::Thinking => out.push(Event::ThinkingContent {
+                content: s.to_string(),
+            }),
+            Mode::File if self.file.is_plain() => out.push(Event::FileContent {
                 content: s.to_string(),
             }),
             Mode::File => self.file.push(s, out),
@@ -868,6 +942,7 @@ mod tests {
 
     #[test]
     fn names_are_prefix_free_and_lower_case() {
+        assert_eq!(NAMES.iter().map(|n| n.text.len()).max(), Some(MAX_NAME));
         for (i, a) in NAMES.iter().enumerate() {
             assert!(a.text.iter().all(|b| !b.is_ascii_uppercase()));
             for (j, b) in NAMES.iter().enumerate() {
@@ -898,6 +973,55 @@ mod tests {
     #[test]
     fn buffered_cap_value() {
         assert_eq!(MAX_BUFFERED, 20544);
+    }
+
+    #[test]
+    fn find_lt_matches_a_plain_search() {
+        let samples: [&[u8]; 9] = [
+            b"",
+            b"<",
+            b"abc",
+            b"abcdefgh<",
+            b"abcdefg<h<",
+            b"\x3d\x3c\xbc<<",
+            b"\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\x3c",
+            b"\x01\x3c\x00\x00\x00\x00\x00\x00",
+            b"0123456789012345678901234567890123456789<",
+        ];
+        for s in samples {
+            for start in 0..s.len() {
+                let hay = &s[start..];
+                assert_eq!(find_lt(hay), hay.iter().position(|&b| b == b'<'), "{hay:?}");
+            }
+        }
+        for n in 0..40 {
+            let mut v = vec![b'a'; n];
+            for k in 0..n {
+                v[k] = b'<';
+                assert_eq!(find_lt(&v), Some(k));
+                v[k] = 0x3d;
+                assert_eq!(find_lt(&v), None);
+                v[k] = b'a';
+            }
+        }
+    }
+
+    #[test]
+    fn quick_filter() {
+        let file = Mode::File.tags();
+        assert!(could_start(file, b""));
+        assert!(could_start(file, b"/"));
+        assert!(could_start(file, b"/F"));
+        assert!(could_start(file, b"/e"));
+        assert!(!could_start(file, b"/d"));
+        assert!(!could_start(file, b"fi"));
+        let text = Mode::Text.tags();
+        assert!(could_start(text, b"Th"));
+        assert!(could_start(text, b"ED"));
+        assert!(!could_start(text, b" b"));
+        assert!(!could_start(text, b"di"));
+        assert!(!could_start(text, b"/t"));
+        assert!(could_start(Mode::Thinking.tags(), b"/t"));
     }
 
     #[test]

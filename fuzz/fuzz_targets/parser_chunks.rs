@@ -33,15 +33,23 @@ fuzz_target!(|data: &[u8]| {
     let mut accounted = 0u64;
     for e in &whole {
         match e {
-            Event::Text { content } | Event::ThinkingContent { content } | Event::FileContent { content } => {
+            Event::Text { content }
+            | Event::ThinkingContent { content }
+            | Event::FileContent { content } => {
                 assert!(!content.is_empty());
                 accounted += content.len() as u64;
             }
-            Event::Error { skipped_bytes: Some(n), .. } => accounted += n,
+            Event::Error {
+                skipped_bytes: Some(n),
+                ..
+            } => accounted += n,
             _ => {}
         }
         // the hand-written JSON is always valid enough to round-trip the type
-        assert!(e.to_json().starts_with(&format!("{{\"type\":\"{}\"", e.kind())));
+        assert!(
+            e.to_json()
+                .starts_with(&format!("{{\"type\":\"{}\"", e.kind()))
+        );
     }
     assert!(accounted <= input.len() as u64);
 });
