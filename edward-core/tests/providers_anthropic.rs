@@ -2,6 +2,7 @@
 //! wire format (fixtures in tests/fixtures/anthropic).
 #![cfg(feature = "anthropic")]
 
+#[macro_use]
 mod providers_support;
 
 use std::sync::Arc;
@@ -30,9 +31,21 @@ const P: ProviderUnderTest = ProviderUnderTest {
     make,
 };
 
-#[tokio::test]
-async fn text_usage_and_finish() {
-    P.text_usage_finish().await;
+common_provider_tests!(P);
+
+provider_tests! { P;
+    tiny_chunks_split_lines_and_utf8 => tiny_chunks(),
+    thinking_deltas => thinking("Let me think. Still thinking."),
+    finish_max_tokens => finish_reason("max_tokens.sse", FinishReason::Length, "Hello"),
+    finish_refusal => finish_reason("refusal.sse", FinishReason::ContentFilter, "I can"),
+    retries_give_up_after_max_attempts => retries_exhausted(529),
+    unauthorized_is_auth_without_key => unauthorized(401),
+    bad_request_carries_provider_message =>
+        bad_request("messages.0.content: Input should be a valid list"),
+    prompt_too_long => context_too_long(),
+    eof_before_message_stop_is_interrupted => eof_before_end(),
+    overloaded_error_event_mid_stream =>
+        error_mid_stream(|e| matches!(e, ModelError::Overloaded { status: 529, .. })),
 }
 
 #[tokio::test]
@@ -81,34 +94,6 @@ async fn thinking_budget_is_requested() {
 }
 
 #[tokio::test]
-async fn tiny_chunks_split_lines_and_utf8() {
-    P.tiny_chunks().await;
-}
-
-#[tokio::test]
-async fn thinking_deltas() {
-    P.thinking("Let me think. Still thinking.").await;
-}
-
-#[tokio::test]
-async fn finish_max_tokens() {
-    P.finish_reason("max_tokens.sse", FinishReason::Length, "Hello")
-        .await;
-}
-
-#[tokio::test]
-async fn finish_refusal() {
-    P.finish_reason("refusal.sse", FinishReason::ContentFilter, "I can")
-        .await;
-}
-
-#[tokio::test]
-async fn retry_after_429_is_honoured() {
-    P.retry_after_honoured(fixture("anthropic", "error_429.json"))
-        .await;
-}
-
-#[tokio::test]
 async fn overloaded_529_is_retried() {
     let server = TestServer::start(vec![
         Reply::error(529, fixture("anthropic", "error_529.json")),
@@ -123,89 +108,6 @@ async fn overloaded_529_is_retried() {
     assert_eq!(c.error, None);
     assert_eq!(c.text, FIXTURE_TEXT);
     assert_eq!(server.requests().len(), 2);
-}
-
-#[tokio::test]
-async fn server_errors_are_retried() {
-    P.server_errors_retried().await;
-}
-
-#[tokio::test]
-async fn retries_give_up_after_max_attempts() {
-    P.retries_exhausted(529).await;
-}
-
-#[tokio::test]
-async fn unauthorized_is_auth_without_key() {
-    P.unauthorized(401).await;
-}
-
-#[tokio::test]
-async fn bad_request_carries_provider_message() {
-    P.bad_request("messages.0.content: Input should be a valid list")
-        .await;
-}
-
-#[tokio::test]
-async fn key_echoed_by_provider_is_scrubbed() {
-    P.key_echo_scrubbed().await;
-}
-
-#[tokio::test]
-async fn prompt_too_long() {
-    P.context_too_long().await;
-}
-
-#[tokio::test]
-async fn connection_cut_after_output() {
-    P.cut_after_output().await;
-}
-
-#[tokio::test]
-async fn eof_before_message_stop_is_interrupted() {
-    P.eof_before_end().await;
-}
-
-#[tokio::test]
-async fn first_byte_timeout_waiting_for_headers() {
-    P.first_byte_timeout_headers().await;
-}
-
-#[tokio::test]
-async fn first_byte_timeout_waiting_for_body() {
-    P.first_byte_timeout_body().await;
-}
-
-#[tokio::test]
-async fn idle_timeout_between_chunks() {
-    P.idle_timeout().await;
-}
-
-#[tokio::test]
-async fn cancel_during_stream() {
-    P.cancel_mid_stream().await;
-}
-
-#[tokio::test]
-async fn cancel_during_retry_backoff() {
-    P.cancel_during_backoff(fixture("anthropic", "error_429.json"))
-        .await;
-}
-
-#[tokio::test]
-async fn overloaded_error_event_mid_stream() {
-    P.error_mid_stream(|e| matches!(e, ModelError::Overloaded { status: 529, .. }))
-        .await;
-}
-
-#[tokio::test]
-async fn malformed_line_is_a_typed_error() {
-    P.malformed_line().await;
-}
-
-#[tokio::test]
-async fn connection_refused_is_transport() {
-    P.connection_refused().await;
 }
 
 #[test]

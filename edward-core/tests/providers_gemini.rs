@@ -3,6 +3,7 @@
 //! tests/fixtures/gemini, with Gemini's CRLF line endings).
 #![cfg(feature = "gemini")]
 
+#[macro_use]
 mod providers_support;
 
 use std::sync::Arc;
@@ -31,9 +32,21 @@ const P: ProviderUnderTest = ProviderUnderTest {
     make,
 };
 
-#[tokio::test]
-async fn text_usage_and_finish() {
-    P.text_usage_finish().await;
+common_provider_tests!(P);
+
+provider_tests! { P;
+    tiny_chunks_split_lines_crlf_and_utf8 => tiny_chunks(),
+    thought_parts_are_thinking => thinking("**Planning** Let me think."),
+    finish_max_tokens => finish_reason("max_tokens.sse", FinishReason::Length, "Hello"),
+    safety_finish_is_content_filter_after_the_text =>
+        finish_reason("safety.sse", FinishReason::ContentFilter, "Hel"),
+    retries_give_up_after_max_attempts => retries_exhausted(503),
+    forbidden_is_auth_without_key => unauthorized(403),
+    bad_request_carries_provider_message => bad_request("contents is not specified"),
+    input_token_count_exceeded => context_too_long(),
+    eof_before_finish_reason_is_interrupted => eof_before_end(),
+    error_object_mid_stream_is_typed =>
+        error_mid_stream(|e| matches!(e, ModelError::Overloaded { status: 503, .. })),
 }
 
 #[tokio::test]
@@ -96,28 +109,6 @@ async fn include_thoughts_is_requested() {
 }
 
 #[tokio::test]
-async fn tiny_chunks_split_lines_crlf_and_utf8() {
-    P.tiny_chunks().await;
-}
-
-#[tokio::test]
-async fn thought_parts_are_thinking() {
-    P.thinking("**Planning** Let me think.").await;
-}
-
-#[tokio::test]
-async fn finish_max_tokens() {
-    P.finish_reason("max_tokens.sse", FinishReason::Length, "Hello")
-        .await;
-}
-
-#[tokio::test]
-async fn safety_finish_is_content_filter_after_the_text() {
-    P.finish_reason("safety.sse", FinishReason::ContentFilter, "Hel")
-        .await;
-}
-
-#[tokio::test]
 async fn blocked_prompt_is_content_filtered_error() {
     let server = TestServer::start(vec![Reply::sse(fixture("gemini", "prompt_blocked.sse"))]).await;
     let c = run(
@@ -147,94 +138,6 @@ async fn missing_usage_is_estimated() {
     assert!(c.usage[0].estimated);
     // bytes / 4, rounded up.
     assert_eq!(c.usage[0].output_tokens, 3);
-}
-
-#[tokio::test]
-async fn retry_after_429_is_honoured() {
-    P.retry_after_honoured(fixture("gemini", "error_429.json"))
-        .await;
-}
-
-#[tokio::test]
-async fn server_errors_are_retried() {
-    P.server_errors_retried().await;
-}
-
-#[tokio::test]
-async fn retries_give_up_after_max_attempts() {
-    P.retries_exhausted(503).await;
-}
-
-#[tokio::test]
-async fn forbidden_is_auth_without_key() {
-    P.unauthorized(403).await;
-}
-
-#[tokio::test]
-async fn bad_request_carries_provider_message() {
-    P.bad_request("contents is not specified").await;
-}
-
-#[tokio::test]
-async fn key_echoed_by_provider_is_scrubbed() {
-    P.key_echo_scrubbed().await;
-}
-
-#[tokio::test]
-async fn input_token_count_exceeded() {
-    P.context_too_long().await;
-}
-
-#[tokio::test]
-async fn connection_cut_after_output() {
-    P.cut_after_output().await;
-}
-
-#[tokio::test]
-async fn eof_before_finish_reason_is_interrupted() {
-    P.eof_before_end().await;
-}
-
-#[tokio::test]
-async fn first_byte_timeout_waiting_for_headers() {
-    P.first_byte_timeout_headers().await;
-}
-
-#[tokio::test]
-async fn first_byte_timeout_waiting_for_body() {
-    P.first_byte_timeout_body().await;
-}
-
-#[tokio::test]
-async fn idle_timeout_between_chunks() {
-    P.idle_timeout().await;
-}
-
-#[tokio::test]
-async fn cancel_during_stream() {
-    P.cancel_mid_stream().await;
-}
-
-#[tokio::test]
-async fn cancel_during_retry_backoff() {
-    P.cancel_during_backoff(fixture("gemini", "error_429.json"))
-        .await;
-}
-
-#[tokio::test]
-async fn error_object_mid_stream_is_typed() {
-    P.error_mid_stream(|e| matches!(e, ModelError::Overloaded { status: 503, .. }))
-        .await;
-}
-
-#[tokio::test]
-async fn malformed_line_is_a_typed_error() {
-    P.malformed_line().await;
-}
-
-#[tokio::test]
-async fn connection_refused_is_transport() {
-    P.connection_refused().await;
 }
 
 #[test]

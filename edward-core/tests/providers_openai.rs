@@ -2,6 +2,7 @@
 //! Completions streaming wire format (fixtures in tests/fixtures/openai).
 #![cfg(feature = "openai")]
 
+#[macro_use]
 mod providers_support;
 
 use std::sync::Arc;
@@ -32,9 +33,21 @@ const P: ProviderUnderTest = ProviderUnderTest {
     make,
 };
 
-#[tokio::test]
-async fn text_usage_and_finish() {
-    P.text_usage_finish().await;
+common_provider_tests!(P);
+
+provider_tests! { P;
+    tiny_chunks_split_lines_and_utf8 => tiny_chunks(),
+    thinking_from_reasoning_content_and_reasoning => thinking("Let me think. Still thinking."),
+    finish_length => finish_reason("length.sse", FinishReason::Length, "Hello"),
+    finish_content_filter =>
+        finish_reason("content_filter.sse", FinishReason::ContentFilter, "Hel"),
+    retries_give_up_after_max_attempts => retries_exhausted(502),
+    unauthorized_is_auth_without_key => unauthorized(401),
+    bad_request_carries_provider_message => bad_request("Invalid value for 'temperature'"),
+    context_length_exceeded => context_too_long(),
+    eof_before_done_is_interrupted => eof_before_end(),
+    error_object_mid_stream_is_typed =>
+        error_mid_stream(|e| matches!(e, ModelError::Overloaded { status: 500, .. })),
 }
 
 #[tokio::test]
@@ -104,11 +117,6 @@ async fn local_server_without_key_sends_no_auth() {
 }
 
 #[tokio::test]
-async fn tiny_chunks_split_lines_and_utf8() {
-    P.tiny_chunks().await;
-}
-
-#[tokio::test]
 async fn comments_ids_and_crlf() {
     let server = TestServer::start(vec![Reply::sse_tiny(&fixture(
         "openai",
@@ -123,23 +131,6 @@ async fn comments_ids_and_crlf() {
     assert_eq!(c.error, None);
     assert_eq!(c.text, "AB");
     assert_eq!(c.finish, vec![FinishReason::Stop]);
-}
-
-#[tokio::test]
-async fn thinking_from_reasoning_content_and_reasoning() {
-    P.thinking("Let me think. Still thinking.").await;
-}
-
-#[tokio::test]
-async fn finish_length() {
-    P.finish_reason("length.sse", FinishReason::Length, "Hello")
-        .await;
-}
-
-#[tokio::test]
-async fn finish_content_filter() {
-    P.finish_reason("content_filter.sse", FinishReason::ContentFilter, "Hel")
-        .await;
 }
 
 #[tokio::test]
@@ -163,42 +154,6 @@ async fn missing_usage_is_estimated_with_tiktoken() {
 }
 
 #[tokio::test]
-async fn retry_after_429_is_honoured() {
-    P.retry_after_honoured(fixture("openai", "error_429.json"))
-        .await;
-}
-
-#[tokio::test]
-async fn server_errors_are_retried() {
-    P.server_errors_retried().await;
-}
-
-#[tokio::test]
-async fn retries_give_up_after_max_attempts() {
-    P.retries_exhausted(502).await;
-}
-
-#[tokio::test]
-async fn unauthorized_is_auth_without_key() {
-    P.unauthorized(401).await;
-}
-
-#[tokio::test]
-async fn bad_request_carries_provider_message() {
-    P.bad_request("Invalid value for 'temperature'").await;
-}
-
-#[tokio::test]
-async fn key_echoed_by_provider_is_scrubbed() {
-    P.key_echo_scrubbed().await;
-}
-
-#[tokio::test]
-async fn context_length_exceeded() {
-    P.context_too_long().await;
-}
-
-#[tokio::test]
 async fn unknown_model_404() {
     let body = r#"{"error":{"message":"The model `gpt-9` does not exist or you do not have access to it.","type":"invalid_request_error","param":null,"code":"model_not_found"}}"#;
     let server = TestServer::start(vec![Reply::error(404, body)]).await;
@@ -213,58 +168,6 @@ async fn unknown_model_404() {
             model: "gpt-9".into()
         })
     );
-}
-
-#[tokio::test]
-async fn connection_cut_after_output() {
-    P.cut_after_output().await;
-}
-
-#[tokio::test]
-async fn eof_before_done_is_interrupted() {
-    P.eof_before_end().await;
-}
-
-#[tokio::test]
-async fn first_byte_timeout_waiting_for_headers() {
-    P.first_byte_timeout_headers().await;
-}
-
-#[tokio::test]
-async fn first_byte_timeout_waiting_for_body() {
-    P.first_byte_timeout_body().await;
-}
-
-#[tokio::test]
-async fn idle_timeout_between_chunks() {
-    P.idle_timeout().await;
-}
-
-#[tokio::test]
-async fn cancel_during_stream() {
-    P.cancel_mid_stream().await;
-}
-
-#[tokio::test]
-async fn cancel_during_retry_backoff() {
-    P.cancel_during_backoff(fixture("openai", "error_429.json"))
-        .await;
-}
-
-#[tokio::test]
-async fn error_object_mid_stream_is_typed() {
-    P.error_mid_stream(|e| matches!(e, ModelError::Overloaded { status: 500, .. }))
-        .await;
-}
-
-#[tokio::test]
-async fn malformed_line_is_a_typed_error() {
-    P.malformed_line().await;
-}
-
-#[tokio::test]
-async fn connection_refused_is_transport() {
-    P.connection_refused().await;
 }
 
 #[test]

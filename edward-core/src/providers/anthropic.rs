@@ -11,12 +11,10 @@
 use async_trait::async_trait;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
-use tracing::Instrument;
 
-use super::ApiKey;
 use super::http::{
     CommonOptions, HttpCore, ProviderConfigError, StreamAcc, WireParser, common_builder_methods,
-    drive, provider_error_from_object,
+    common_client_methods, provider_error_from_object,
 };
 use super::sse::SseEvent;
 use crate::{FinishReason, ModelClient, ModelError, ModelRequest, ModelStream, Role};
@@ -88,18 +86,9 @@ impl AnthropicClient {
 
     /// From `ANTHROPIC_API_KEY` and optional `ANTHROPIC_BASE_URL`.
     pub fn from_env() -> Result<Self, ProviderConfigError> {
-        let key = ApiKey::from_env("ANTHROPIC_API_KEY").ok_or_else(|| {
-            ProviderConfigError::MissingEnv {
-                var: "ANTHROPIC_API_KEY".into(),
-            }
-        })?;
         let mut b = Self::builder();
-        b.common.api_key = Some(key);
-        if let Ok(base) = std::env::var("ANTHROPIC_BASE_URL") {
-            if !base.trim().is_empty() {
-                b = b.base_url(base.trim());
-            }
-        }
+        b.common
+            .read_env("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL")?;
         b.build()
     }
 
@@ -141,41 +130,18 @@ impl ModelClient for AnthropicClient {
         "anthropic"
     }
 
-    fn estimate_input_tokens(&self, request: &ModelRequest) -> u64 {
-        super::tokens::estimate_request_tokens(request)
-    }
-
-    fn context_window(&self, model: &str) -> Option<u64> {
-        super::tokens::context_window(model)
-    }
-
-    fn retries_internally(&self) -> bool {
-        self.core.retry.max_attempts > 1
-    }
+    common_client_methods!();
 
     async fn stream(
         &self,
         request: ModelRequest,
         cancel: CancellationToken,
     ) -> Result<ModelStream, ModelError> {
-        let span =
-            tracing::info_span!("model_call", provider = "anthropic", model = %request.model);
         let body = self.request_body(&request);
         let url = format!("{}/v1/messages", self.core.base_url);
-        let (first, rest) = self
-            .core
-            .open(&url, &body, &request.model, &cancel)
-            .instrument(span.clone())
-            .await?;
-        Ok(drive(
-            self.core.clone(),
-            AnthropicParser,
-            first,
-            rest,
-            request,
-            cancel,
-            span,
-        ))
+        self.core
+            .stream(&url, &body, AnthropicParser, request, cancel)
+            .await
     }
 }
 

@@ -174,6 +174,31 @@ impl CommonOptions {
             extra_headers: Vec::new(),
         }
     }
+
+    /// Take the key from environment variable `key_var` (an error when unset
+    /// or blank) and the base URL from `base_var` when that is set.
+    pub(crate) fn read_env(
+        &mut self,
+        key_var: &str,
+        base_var: &str,
+    ) -> Result<(), ProviderConfigError> {
+        let key = ApiKey::from_env(key_var).ok_or_else(|| ProviderConfigError::MissingEnv {
+            var: key_var.into(),
+        })?;
+        self.api_key = Some(key);
+        if let Some(base) = base_url_from_env(base_var) {
+            self.base_url = base;
+        }
+        Ok(())
+    }
+}
+
+/// The trimmed value of environment variable `var`, if set and not blank.
+pub(crate) fn base_url_from_env(var: &str) -> Option<String> {
+    std::env::var(var)
+        .ok()
+        .map(|v| v.trim().to_owned())
+        .filter(|v| !v.is_empty())
 }
 
 /// Builder methods shared by every provider builder (expects a field `common: CommonOptions`).
@@ -232,6 +257,28 @@ macro_rules! common_builder_methods {
 }
 #[allow(unused_imports)]
 pub(crate) use common_builder_methods;
+
+/// The `ModelClient` methods every HTTP provider implements the same way
+/// (expects a field `core: HttpCore`): the shared token estimate and context
+/// windows, and retries done inside `stream` when the policy allows any.
+#[allow(unused_macros)]
+macro_rules! common_client_methods {
+    () => {
+        fn estimate_input_tokens(&self, request: &ModelRequest) -> u64 {
+            super::tokens::estimate_request_tokens(request)
+        }
+
+        fn context_window(&self, model: &str) -> Option<u64> {
+            super::tokens::context_window(model)
+        }
+
+        fn retries_internally(&self) -> bool {
+            self.core.retry.max_attempts > 1
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use common_client_methods;
 
 /// The shared HTTP machinery of one provider client.
 #[derive(Clone)]
@@ -312,6 +359,34 @@ impl HttpCore {
             Some(k) => k.scrub(&text),
             None => text,
         }
+    }
+
+    /// The body of every provider's `ModelClient::stream`: open `url` with
+    /// `body` (retrying per the policy) inside a `model_call` span, then
+    /// decode the response with `parser`.
+    pub(crate) async fn stream<P: WireParser>(
+        &self,
+        url: &str,
+        body: &serde_json::Value,
+        parser: P,
+        request: ModelRequest,
+        cancel: CancellationToken,
+    ) -> Result<ModelStream, ModelError> {
+        let span =
+            tracing::info_span!("model_call", provider = self.provider, model = %request.model);
+        let (first, rest) = self
+            .open(url, body, &request.model, &cancel)
+            .instrument(span.clone())
+            .await?;
+        Ok(drive(
+            self.clone(),
+            parser,
+            first,
+            rest,
+            request,
+            cancel,
+            span,
+        ))
     }
 
     /// POST `body` to `url` and wait for the first body byte, retrying

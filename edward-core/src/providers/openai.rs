@@ -11,12 +11,11 @@
 use async_trait::async_trait;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
-use tracing::Instrument;
 
 use super::ApiKey;
 use super::http::{
-    CommonOptions, HttpCore, ProviderConfigError, StreamAcc, WireParser, common_builder_methods,
-    drive, provider_error_from_object,
+    CommonOptions, HttpCore, ProviderConfigError, StreamAcc, WireParser, base_url_from_env,
+    common_builder_methods, common_client_methods, provider_error_from_object,
 };
 use super::sse::SseEvent;
 use crate::{FinishReason, ModelClient, ModelError, ModelRequest, ModelStream, Role};
@@ -103,9 +102,7 @@ impl OpenAiClient {
     /// local server) and `OPENAI_BASE_URL`.
     pub fn from_env() -> Result<Self, ProviderConfigError> {
         let mut b = Self::builder();
-        let base = std::env::var("OPENAI_BASE_URL")
-            .ok()
-            .filter(|v| !v.trim().is_empty());
+        let base = base_url_from_env("OPENAI_BASE_URL");
         let key = ApiKey::from_env("OPENAI_API_KEY");
         match (&key, &base) {
             (None, None) => {
@@ -117,7 +114,7 @@ impl OpenAiClient {
             _ => {}
         }
         if let Some(base) = base {
-            b = b.base_url(base.trim());
+            b = b.base_url(base);
         }
         b.build()
     }
@@ -161,40 +158,18 @@ impl ModelClient for OpenAiClient {
         "openai"
     }
 
-    fn estimate_input_tokens(&self, request: &ModelRequest) -> u64 {
-        super::tokens::estimate_request_tokens(request)
-    }
-
-    fn context_window(&self, model: &str) -> Option<u64> {
-        super::tokens::context_window(model)
-    }
-
-    fn retries_internally(&self) -> bool {
-        self.core.retry.max_attempts > 1
-    }
+    common_client_methods!();
 
     async fn stream(
         &self,
         request: ModelRequest,
         cancel: CancellationToken,
     ) -> Result<ModelStream, ModelError> {
-        let span = tracing::info_span!("model_call", provider = "openai", model = %request.model);
         let body = self.request_body(&request);
         let url = format!("{}/chat/completions", self.core.base_url);
-        let (first, rest) = self
-            .core
-            .open(&url, &body, &request.model, &cancel)
-            .instrument(span.clone())
-            .await?;
-        Ok(drive(
-            self.core.clone(),
-            OpenAiParser,
-            first,
-            rest,
-            request,
-            cancel,
-            span,
-        ))
+        self.core
+            .stream(&url, &body, OpenAiParser, request, cancel)
+            .await
     }
 }
 

@@ -692,3 +692,41 @@ pub fn event_boundary_before(body: &[u8], pos: usize) -> usize {
 pub fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
     hay.windows(needle.len()).position(|w| w == needle)
 }
+
+/// One `#[tokio::test]` per `test_name => scenario(args)` line, running that
+/// scenario of the [`ProviderUnderTest`] `$p`.
+#[allow(unused_macros)]
+macro_rules! provider_tests {
+    ($p:ident; $($name:ident => $scenario:ident($($arg:expr),* $(,)?)),* $(,)?) => {
+        $(
+            #[tokio::test]
+            async fn $name() {
+                $p.$scenario($($arg),*).await;
+            }
+        )*
+    };
+}
+
+/// The scenarios every provider runs under the same test name and with no
+/// provider-specific argument (the 429 bodies are `<provider>/error_429.json`).
+#[allow(unused_macros)]
+macro_rules! common_provider_tests {
+    ($p:ident) => {
+        provider_tests! { $p;
+            text_usage_and_finish => text_usage_finish(),
+            retry_after_429_is_honoured =>
+                retry_after_honoured(fixture($p.name, "error_429.json")),
+            server_errors_are_retried => server_errors_retried(),
+            key_echoed_by_provider_is_scrubbed => key_echo_scrubbed(),
+            connection_cut_after_output => cut_after_output(),
+            first_byte_timeout_waiting_for_headers => first_byte_timeout_headers(),
+            first_byte_timeout_waiting_for_body => first_byte_timeout_body(),
+            idle_timeout_between_chunks => idle_timeout(),
+            cancel_during_stream => cancel_mid_stream(),
+            cancel_during_retry_backoff =>
+                cancel_during_backoff(fixture($p.name, "error_429.json")),
+            malformed_line_is_a_typed_error => malformed_line(),
+            connection_refused_is_transport => connection_refused(),
+        }
+    };
+}
