@@ -1,7 +1,9 @@
 //! One run with embedded defaults: a durable SQLite store and queue in
 //! `./edward.db` (or `--db`; `EDWARD_DATABASE_URL=postgres://…` for Postgres
 //! when built with the `postgres` feature), a local sandbox under
-//! `./edward-data/sandboxes` (or `--dir`), and the scripted demo model.
+//! `./edward-data/sandboxes` (or `--dir`), and the scripted demo model
+//! (`EDWARD_MODEL=openai:gpt-4o-mini`, `anthropic:…` or `gemini:…` picks a real
+//! provider; see docs/PROVIDERS.md).
 //! A run interrupted by a crash is resumed by the next invocation's worker.
 //!
 //! ```text
@@ -63,12 +65,34 @@ async fn build_backends(cli: &Cli) -> Result<Backends, Box<dyn std::error::Error
     std::fs::create_dir_all(&cli.dir)?;
     let provider = Arc::new(LocalSandboxProvider::new(&cli.dir));
     let (store, queue) = open_store(cli).await?;
-    let engine = Engine::builder()
+    let builder = Engine::builder()
         .store(store)
         .queue(queue)
-        .sandbox_provider(provider.clone() as Arc<dyn SandboxProvider>)
-        .build()?;
+        .sandbox_provider(provider.clone() as Arc<dyn SandboxProvider>);
+    let engine = with_model_from_env(builder)?.build()?;
     Ok(Backends { engine, provider })
+}
+
+/// `EDWARD_MODEL=openai:gpt-4o-mini` (or `anthropic:…`, `gemini:…`,
+/// `scripted`) picks the model; unset keeps the scripted demo.
+#[cfg(any(feature = "openai", feature = "anthropic", feature = "gemini"))]
+fn with_model_from_env(
+    builder: edward::core::engine::EngineBuilder,
+) -> Result<edward::core::engine::EngineBuilder, Box<dyn std::error::Error>> {
+    Ok(match edward::core::providers::from_env()? {
+        Some(selected) => builder.model(selected.client).default_model(selected.model),
+        None => builder,
+    })
+}
+
+#[cfg(not(any(feature = "openai", feature = "anthropic", feature = "gemini")))]
+fn with_model_from_env(
+    builder: edward::core::engine::EngineBuilder,
+) -> Result<edward::core::engine::EngineBuilder, Box<dyn std::error::Error>> {
+    if std::env::var("EDWARD_MODEL").is_ok_and(|v| !v.trim().is_empty() && v.trim() != "scripted") {
+        return Err("EDWARD_MODEL is set but this build has no model provider features".into());
+    }
+    Ok(builder)
 }
 
 type StoreAndQueue = (Arc<dyn RunStore>, Arc<dyn RunQueue>);
