@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use edward_core::{
-    EffectState, Fence, NewEvent, QueueError, RUN_FINISHED, RetryPolicy, RunId, RunStatus,
-    StoreError,
+    Checkpoint, EffectState, Fence, NewEvent, QueueError, RUN_FINISHED, RetryPolicy, RunId,
+    RunStatus, StoreError,
 };
 use rand::Rng;
 
@@ -213,6 +213,32 @@ pub(crate) fn fnv1a64(parts: &[&[u8]]) -> i64 {
         hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
     }
     hash as i64
+}
+
+/// Decode JSON stored as text.
+pub(crate) fn parse_json(text: &str) -> Result<serde_json::Value, StoreError> {
+    serde_json::from_str(text).map_err(|e| crate::error::corrupt(format!("json: {e}")))
+}
+
+/// Encode JSON as text for storage.
+pub(crate) fn json_text(value: &serde_json::Value) -> String {
+    // Serialising a `Value` cannot fail: its keys are strings.
+    serde_json::to_string(value).unwrap_or_else(|_| "null".to_owned())
+}
+
+/// A checkpoint from its two columns (`checkpoint_turn`, `checkpoint`);
+/// `None` when no checkpoint was written yet.
+pub(crate) fn checkpoint_from_columns(
+    turn: Option<i64>,
+    state: Option<String>,
+) -> Result<Option<Checkpoint>, StoreError> {
+    match (turn, state) {
+        (Some(turn), Some(state)) => Ok(Some(Checkpoint {
+            turn: u32::try_from(turn).map_err(|_| crate::error::corrupt(format!("turn {turn}")))?,
+            state: parse_json(&state)?,
+        })),
+        _ => Ok(None),
+    }
 }
 
 #[cfg(test)]

@@ -27,8 +27,9 @@ use sqlx::{Row, Sqlite, Transaction};
 use uuid::Uuid;
 
 use crate::common::{
-    StoreOptions, backoff_with_jitter, check_append_events, check_finish, diagnose, lease_lost,
-    lease_ms, parse_effect_state, parse_status, queue_corrupt, queue_range, to_i64, to_u64,
+    StoreOptions, backoff_with_jitter, check_append_events, check_finish, checkpoint_from_columns,
+    diagnose, json_text, lease_lost, lease_ms, parse_effect_state, parse_json, parse_status,
+    queue_corrupt, queue_range, to_i64, to_u64,
 };
 use crate::error::{ConnectError, corrupt, queue_err, store_err};
 
@@ -149,15 +150,6 @@ fn micros(at: DateTime<Utc>) -> i64 {
 
 fn from_micros(us: i64) -> Result<DateTime<Utc>, StoreError> {
     DateTime::from_timestamp_micros(us).ok_or_else(|| corrupt(format!("timestamp {us}")))
-}
-
-fn json_text(value: &serde_json::Value) -> String {
-    // Serialising a `Value` cannot fail: its keys are strings.
-    serde_json::to_string(value).unwrap_or_else(|_| "null".to_owned())
-}
-
-fn parse_json(text: &str) -> Result<serde_json::Value, StoreError> {
-    serde_json::from_str(text).map_err(|e| corrupt(format!("json: {e}")))
 }
 
 fn run_from_row(row: &SqliteRow) -> Result<Run, StoreError> {
@@ -538,13 +530,7 @@ impl RunStore for SqliteStore {
         };
         let turn: Option<i64> = row.try_get(0).map_err(store_err)?;
         let state: Option<String> = row.try_get(1).map_err(store_err)?;
-        match (turn, state) {
-            (Some(turn), Some(state)) => Ok(Some(Checkpoint {
-                turn: u32::try_from(turn).map_err(|_| corrupt(format!("turn {turn}")))?,
-                state: parse_json(&state)?,
-            })),
-            _ => Ok(None),
-        }
+        checkpoint_from_columns(turn, state)
     }
 
     async fn begin_effect(

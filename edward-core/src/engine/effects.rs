@@ -657,14 +657,7 @@ impl EffectCtx {
                         .await?
                 }
             };
-            self.store
-                .complete_effect(
-                    self.run_id,
-                    self.fence,
-                    &key,
-                    serde_json::to_value(&r).unwrap_or_default(),
-                )
-                .await?;
+            self.complete_tool_run(&key, &r).await?;
             r
         };
         report.results.push(ToolResult {
@@ -733,14 +726,7 @@ impl EffectCtx {
             let r = self
                 .exec(command.clone(), args, self.config.commands.timeout)
                 .await?;
-            self.store
-                .complete_effect(
-                    self.run_id,
-                    self.fence,
-                    &key,
-                    serde_json::to_value(&r).unwrap_or_default(),
-                )
-                .await?;
+            self.complete_tool_run(&key, &r).await?;
             r
         };
         report.results.push(ToolResult {
@@ -834,6 +820,18 @@ impl EffectCtx {
 }
 
 /// A completed record for the same request: its result, marked reused.
+impl EffectCtx {
+    /// Record an install's or command's result under its idempotency key.
+    async fn complete_tool_run(&self, key: &str, run: &ToolRun) -> Result<(), StoreError> {
+        // `ToolRun` holds only strings, integers and booleans: serialising it
+        // cannot fail, so `Null` here is unreachable rather than a silent drop.
+        let result = serde_json::to_value(run).unwrap_or(serde_json::Value::Null);
+        self.store
+            .complete_effect(self.run_id, self.fence, key, result)
+            .await
+    }
+}
+
 fn reusable(rec: &EffectRecord, request: &serde_json::Value) -> Option<ToolRun> {
     if rec.state != EffectState::Completed || &rec.request != request {
         return None;

@@ -42,8 +42,8 @@ use uuid::Uuid;
 
 use super::{PgOptions, PgQueue, connect_pool};
 use crate::common::{
-    check_append_events, check_finish, diagnose, fnv1a64, parse_effect_state, parse_status, to_i64,
-    to_u64,
+    check_append_events, check_finish, checkpoint_from_columns, diagnose, fnv1a64, json_text,
+    parse_effect_state, parse_json, parse_status, to_i64, to_u64,
 };
 use crate::error::{ConnectError, corrupt, is_unique_violation, store_err};
 
@@ -129,14 +129,6 @@ fn state_from_row(row: Option<PgRow>) -> Result<Option<(RunStatus, Fence, i64)>,
             )))
         }
     }
-}
-
-fn parse_json(text: &str) -> Result<serde_json::Value, StoreError> {
-    serde_json::from_str(text).map_err(|e| corrupt(format!("json: {e}")))
-}
-
-fn json_text(value: &serde_json::Value) -> String {
-    serde_json::to_string(value).unwrap_or_else(|_| "null".to_owned())
 }
 
 /// Postgres keeps microseconds; truncate so values we return equal re-read ones.
@@ -489,13 +481,7 @@ impl RunStore for PgStore {
         };
         let turn: Option<i32> = row.try_get(0).map_err(store_err)?;
         let state: Option<String> = row.try_get(1).map_err(store_err)?;
-        match (turn, state) {
-            (Some(turn), Some(state)) => Ok(Some(Checkpoint {
-                turn: u32::try_from(turn).map_err(|_| corrupt(format!("turn {turn}")))?,
-                state: parse_json(&state)?,
-            })),
-            _ => Ok(None),
-        }
+        checkpoint_from_columns(turn.map(i64::from), state)
     }
 
     async fn begin_effect(
