@@ -21,12 +21,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use edward::core::engine::{Engine, Limits, RunRequest, WorkerConfig};
+use edward::core::AdmissionLimits;
+use edward::core::engine::{Engine, RunRequest, WorkerConfig};
 use edward::core::scripted::ScriptedModel;
 use edward::core::{RunId, SandboxProvider};
 use edward::parser::Parser;
 use edward::sandbox::LocalSandboxProvider;
-use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 
 const CHUNK: usize = 256;
@@ -131,8 +131,8 @@ fn setup(text: &str) -> Setup {
     let model = ScriptedModel::new([text.to_string()]).with_chunk_bytes(CHUNK);
     let engine = Engine::builder()
         .sandbox_provider(provider)
-        .model(Arc::new(model))
-        .limits(Limits {
+        .model_client(Arc::new(model))
+        .admission_limits(AdmissionLimits {
             global: 1000,
             per_user: 1000,
             per_chat: 1,
@@ -143,7 +143,7 @@ fn setup(text: &str) -> Setup {
     {
         let engine = engine.clone();
         let cfg = WorkerConfig::new(shutdown.clone()).with_concurrency(1);
-        rt.spawn(async move { engine.worker(cfg).await });
+        rt.spawn(async move { engine.worker(cfg).await.expect("worker config") });
     }
     Setup {
         rt,
@@ -163,7 +163,7 @@ async fn one_run(engine: &Engine) -> (u64, String) {
         ))
         .await
         .expect("submit");
-    let mut events = Box::pin(engine.events(id, 0));
+    let mut events = engine.raw_events(id, 0);
     let mut last = None;
     while let Some(e) = events.next().await {
         last = Some(e.expect("event"));

@@ -20,10 +20,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
-use edward::core::engine::{Engine, EngineEvent, RunRequest, WorkerConfig};
-use edward::core::{RunEvent, RunId, RunQueue, RunStore, SandboxProvider};
+use edward::core::engine::{Backend, Engine, EngineEvent, RunRequest, WorkerConfig};
+use edward::core::{RunEvent, RunId, SandboxProvider};
 use edward::sandbox::LocalSandboxProvider;
-use futures::StreamExt;
 use indicatif::{ProgressBar, ProgressStyle};
 use tokio_util::sync::CancellationToken;
 
@@ -64,10 +63,9 @@ struct Backends {
 async fn build_backends(cli: &Cli) -> Result<Backends, Box<dyn std::error::Error>> {
     std::fs::create_dir_all(&cli.dir)?;
     let provider = Arc::new(LocalSandboxProvider::new(&cli.dir));
-    let (store, queue) = open_store(cli).await?;
+    let backend = open_backend(cli).await?;
     let builder = Engine::builder()
-        .store(store)
-        .queue(queue)
+        .backend(backend)
         .sandbox_provider(provider.clone() as Arc<dyn SandboxProvider>);
     let engine = with_model_from_env(builder)?.build()?;
     Ok(Backends { engine, provider })
@@ -80,7 +78,9 @@ fn with_model_from_env(
     builder: edward::core::engine::EngineBuilder,
 ) -> Result<edward::core::engine::EngineBuilder, Box<dyn std::error::Error>> {
     Ok(match edward::core::providers::from_env()? {
-        Some(selected) => builder.model(selected.client).default_model(selected.model),
+        Some(selected) => builder
+            .model_client(selected.client)
+            .default_model(selected.model),
         None => builder,
     })
 }
@@ -95,21 +95,19 @@ fn with_model_from_env(
     Ok(builder)
 }
 
-type StoreAndQueue = (Arc<dyn RunStore>, Arc<dyn RunQueue>);
-
 /// Postgres when a URL is given, else the SQLite file.
-async fn open_store(cli: &Cli) -> Result<StoreAndQueue, Box<dyn std::error::Error>> {
+async fn open_backend(cli: &Cli) -> Result<Backend, Box<dyn std::error::Error>> {
     if let Some(url) = cli.database_url.as_deref().filter(|u| !u.is_empty()) {
         #[cfg(feature = "postgres")]
         {
             let store = edward::store::PgStore::connect(url).await?;
-            return Ok((Arc::new(store.clone()), Arc::new(store.queue())));
+            return Ok(store.backend().await?);
         }
         #[cfg(not(feature = "postgres"))]
         return Err(format!("{url:.11}…: built without the `postgres` feature").into());
     }
     let store = edward::store::SqliteStore::open(&cli.db).await?;
-    Ok((Arc::new(store.clone()), Arc::new(store)))
+    Ok(store.backend())
 }
 
 #[tokio::main]
@@ -154,7 +152,7 @@ async fn run(cli: Cli) -> Result<bool, Box<dyn std::error::Error>> {
 
     let mut view = View::new(cli.json);
     view.line(&format!("run {id}: {}", cli.prompt));
-    let mut events = Box::pin(engine.events(id, 0));
+    let mut events = engine.raw_events(id, 0);
     let mut last: Option<RunEvent> = None;
     while let Some(e) = events.next().await {
         let e = e?;
@@ -163,7 +161,7 @@ async fn run(cli: Cli) -> Result<bool, Box<dyn std::error::Error>> {
     }
     ctrl_c.abort();
     shutdown.cancel();
-    let _ = worker.await;
+    worker.await??;
 
     let completed = last
         .as_ref()

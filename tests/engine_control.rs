@@ -9,7 +9,6 @@ use common::*;
 use edward::core::engine::{Budgets, CancelOutcome, CommandPolicy, EngineConfig, RunRequest};
 use edward::core::scripted::ScriptedModel;
 use edward::core::{RunEvent, RunId};
-use futures::StreamExt;
 
 fn command(cmd: &str, args: &[&str]) -> String {
     let args = serde_json::to_string(args).unwrap();
@@ -19,7 +18,7 @@ fn command(cmd: &str, args: &[&str]) -> String {
 /// Tail `id` until an event matches `pred`; returns it.
 async fn wait_for(h: &Harness, id: RunId, pred: impl Fn(&RunEvent) -> bool) -> RunEvent {
     let fut = async {
-        let mut s = Box::pin(h.engine.events(id, 0));
+        let mut s = h.engine.raw_events(id, 0);
         while let Some(e) = s.next().await {
             let e = e.expect("event");
             if pred(&e) {
@@ -48,14 +47,18 @@ async fn cancel_of_a_queued_run_finishes_it_directly() {
     );
     let events = collect(&h.engine, id).await;
     assert_log_ok(&events);
-    assert_eq!(events.len(), 2);
+    assert_eq!(
+        events.len(),
+        3,
+        "run_queued, cancel_requested, run_finished"
+    );
     assert_eq!(terminal(&events)["status"], "cancelled");
     // A worker that claims it later writes nothing.
     h.start_worker(1, Duration::from_secs(5));
     let id2 = h.submit("y").await;
     let done = collect(&h.engine, id2).await;
     assert_eq!(terminal(&done)["status"], "completed");
-    assert_eq!(collect(&h.engine, id).await.len(), 2);
+    assert_eq!(collect(&h.engine, id).await.len(), 3);
     h.shutdown().await;
 }
 
@@ -285,26 +288,23 @@ impl edward::core::Notifier for DeafNotifier {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lost_cancel_signal_is_backed_up_by_the_grace_period_and_status_check() {
+async fn a_lost_cancel_signal_is_backed_up_by_the_durable_request_and_status_check() {
     let model = ScriptedModel::new(["slow ".repeat(5000)])
         .with_chunk_bytes(8)
         .with_delay(Duration::from_millis(5));
-    let config = EngineConfig {
-        cancel_grace: Duration::from_millis(200),
-        ..EngineConfig::default()
-    };
-    let mut h = Harness::with(|b| {
-        b.model(std::sync::Arc::new(model))
-            .config(config)
-            .notifier(std::sync::Arc::new(DeafNotifier(
-                edward::core::memory::MemoryNotifier::new(),
-            )))
+    let mut h = Harness::with_backends(|b, backends| {
+        b.model_client(std::sync::Arc::new(model))
+            .backend(edward::core::engine::Backend::new(
+                backends.store.clone(),
+                backends.queue.clone(),
+                std::sync::Arc::new(DeafNotifier(edward::core::memory::MemoryNotifier::new())),
+            ))
     });
     let shutdown = tokio_util::sync::CancellationToken::new();
     let cfg = edward::core::engine::WorkerConfig::new(shutdown.clone())
         .with_status_check(Duration::from_millis(100));
     let engine = h.engine.clone();
-    let worker = tokio::spawn(async move { engine.worker(cfg).await });
+    let worker = tokio::spawn(async move { engine.worker(cfg).await.expect("worker config") });
     let id = h.submit("x").await;
     wait_for(&h, id, |e| e.kind == "text_delta").await;
     assert_eq!(h.engine.cancel(id).await.unwrap(), CancelOutcome::Requested);

@@ -7,20 +7,21 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use edward::core::engine::{Budgets, EngineConfig, Limits, RunRequest, SubmitError};
+use edward::core::AdmissionLimits;
+use edward::core::engine::{Budgets, EngineConfig, RunRequest, SubmitError};
 use edward::core::scripted::ScriptedModel;
 use edward::core::{AdmissionError, RunId};
-use futures::StreamExt;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fifty_concurrent_runs_all_finish_with_gap_free_logs() {
     let model = ScriptedModel::demo().with_delay(Duration::ZERO);
     let mut h = Harness::with(|b| {
-        b.model(Arc::new(model)).limits(Limits {
-            global: 100,
-            per_user: 100,
-            per_chat: 1,
-        })
+        b.model_client(Arc::new(model))
+            .admission_limits(AdmissionLimits {
+                global: 100,
+                per_user: 100,
+                per_chat: 1,
+            })
     });
     h.start_worker(25, Duration::from_secs(10));
     h.start_worker(25, Duration::from_secs(10));
@@ -71,13 +72,13 @@ async fn concurrent_submits(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn admission_admits_exactly_the_limit_under_200_concurrent_submits() {
-    let limits = Limits {
+    let limits = AdmissionLimits {
         global: 7,
         per_user: 2,
         per_chat: 1,
     };
     // No worker: admitted runs stay active.
-    let h = Harness::with(|b| b.limits(limits));
+    let h = Harness::with(|b| b.admission_limits(limits));
     let (ok, rej) = concurrent_submits(&h, 200, |i| {
         RunRequest::new("same-user", format!("chat-{i}"), "p")
     })
@@ -126,7 +127,7 @@ async fn a_tailer_started_mid_run_sees_every_seq_once_in_order() {
     h.start_worker(1, Duration::from_secs(5));
     let id = h.submit("x").await;
     // Wait (by tailing) until the run is well under way.
-    let mut first = Box::pin(h.engine.events(id, 0));
+    let mut first = h.engine.raw_events(id, 0);
     let mut mid = 0;
     while let Some(e) = first.next().await {
         let e = e.unwrap();

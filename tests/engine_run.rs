@@ -228,7 +228,7 @@ async fn cost_budget_uses_the_price_table() {
         ..Budgets::default()
     };
     let mut h = Harness::with(|b| {
-        b.model(std::sync::Arc::new(model))
+        b.model_client(std::sync::Arc::new(model))
             .budgets(budgets)
             .known_models(["gpt-4o"])
     });
@@ -323,7 +323,7 @@ async fn no_progress_nudges_once_then_stops() {
     let second = &model.requests()[1];
     assert_eq!(
         second.messages.last().unwrap().content,
-        edward::core::engine::NUDGE_MESSAGE
+        edward::core::engine::unstable::NUDGE_MESSAGE
     );
     h.shutdown().await;
 }
@@ -459,7 +459,7 @@ async fn a_turn_that_cannot_fit_the_context_window_is_refused_before_the_call() 
         inner: model.clone(),
         window: 100,
     });
-    let mut h = Harness::with(|b| b.model(client));
+    let mut h = Harness::with(|b| b.model_client(client));
     let events = run_one(&mut h, req()).await;
     let fin = terminal(&events);
     assert_eq!(fin["status"], "failed", "{fin}");
@@ -482,7 +482,7 @@ async fn a_client_that_retries_internally_is_not_retried_again() {
         inner: model.clone(),
         failed: std::sync::atomic::AtomicBool::new(false),
     });
-    let mut h = Harness::with(|b| b.model(client));
+    let mut h = Harness::with(|b| b.model_client(client));
     let events = run_one(&mut h, req()).await;
     let fin = terminal(&events);
     assert_eq!(fin["status"], "failed", "{fin}");

@@ -13,7 +13,6 @@ use edward::core::engine::{Engine, EngineConfig, RunRequest, WorkerConfig};
 use edward::core::providers::{AnthropicClient, GeminiClient, OpenAiClient, RetryPolicy};
 use edward::core::{ModelClient, RunEvent, RunId, SandboxProvider};
 use edward::sandbox::LocalSandboxProvider;
-use futures::StreamExt;
 use providers_support::{KEY, Reply, TestServer};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -110,7 +109,7 @@ async fn run_engine(
     let sandboxes = Arc::new(LocalSandboxProvider::new(dir.path()));
     let engine = Engine::builder()
         .sandbox_provider(sandboxes.clone() as Arc<dyn SandboxProvider>)
-        .model(model)
+        .model_client(model)
         .default_model(model_name)
         .config(EngineConfig::default())
         .build()
@@ -119,14 +118,14 @@ async fn run_engine(
     let worker = tokio::spawn({
         let engine = engine.clone();
         let cfg = WorkerConfig::new(shutdown.clone());
-        async move { engine.worker(cfg).await }
+        async move { engine.worker(cfg).await.expect("worker config") }
     });
     let id: RunId = engine
         .submit(RunRequest::new("user", "chat", "write a greeting file"))
         .await
         .expect("submit");
     let events = tokio::time::timeout(Duration::from_secs(60), async {
-        let mut s = Box::pin(engine.events(id, 0));
+        let mut s = engine.raw_events(id, 0);
         let mut out = Vec::new();
         while let Some(e) = s.next().await {
             out.push(e.expect("event"));

@@ -100,8 +100,22 @@ pub trait RunStore: Send + Sync + 'static {
         result: serde_json::Value,
     ) -> Result<(), StoreError>;
 
+    /// Record a cancel request durably and idempotently. The first call on an
+    /// active run sets `cancel_requested_at` and appends `event` (the
+    /// engine's `cancel_requested`) with the next seq, in one transaction;
+    /// later calls, and calls on a terminal run, change nothing. Returns the
+    /// run after the call. `NotFound` for an unknown id.
+    async fn request_cancel(&self, run_id: RunId, event: NewEvent) -> Result<Run, StoreError>;
+
     /// Runs in `status`, oldest first (used by reapers and operators).
     async fn list_runs(&self, status: RunStatus, limit: usize) -> Result<Vec<Run>, StoreError>;
+
+    /// Whether runs outlive the process. The engine builder refuses a store
+    /// and a queue of different durability (a durable store with an
+    /// in-memory queue loses queued runs on restart). Default: durable.
+    fn durability(&self) -> Durability {
+        Durability::Durable
+    }
 }
 
 // ---------------------------------------------------------------- RunQueue
@@ -134,6 +148,12 @@ pub trait RunQueue: Send + Sync + 'static {
 
     /// Dead-lettered jobs, newest first.
     async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, QueueError>;
+
+    /// Whether jobs outlive the process (see [`RunStore::durability`]).
+    /// Default: durable.
+    fn durability(&self) -> Durability {
+        Durability::Durable
+    }
 }
 
 // ---------------------------------------------------------------- Sandbox
@@ -237,6 +257,10 @@ pub trait SandboxProvider: Send + Sync + 'static {
         key: &SandboxKey,
         spec: &SandboxSpec,
     ) -> Result<Arc<dyn Sandbox>, SandboxError>;
+
+    /// Reattach an existing sandbox without ever creating one: `None` when
+    /// there is none for `key` (never provisioned, or destroyed).
+    async fn attach(&self, key: &SandboxKey) -> Result<Option<Arc<dyn Sandbox>>, SandboxError>;
 
     /// Remove the sandbox and everything in it. Destroying a missing one is Ok.
     async fn destroy(&self, key: &SandboxKey) -> Result<(), SandboxError>;

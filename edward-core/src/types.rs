@@ -154,6 +154,10 @@ pub struct Run {
     pub finished_at: Option<DateTime<Utc>>,
     /// Why it finished (the terminal event's reason), once finished.
     pub terminal_reason: Option<String>,
+    /// When a cancel was first requested ([`crate::RunStore::request_cancel`]);
+    /// every worker honours it within its status-check period.
+    #[serde(default)]
+    pub cancel_requested_at: Option<DateTime<Utc>>,
 }
 
 /// An event to append; the store assigns `seq` and `at`.
@@ -381,4 +385,14 @@ impl fmt::Display for SandboxPath {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
     }
+}
+
+/// Whether a backend's data outlives the process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Durability {
+    /// Lost when the process exits (the in-memory adapters).
+    InProcess,
+    /// Kept across restarts and shared between processes (SQLite, Postgres, Redis).
+    Durable,
 }

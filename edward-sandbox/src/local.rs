@@ -170,6 +170,23 @@ impl SandboxProvider for LocalSandboxProvider {
         Ok(Arc::new(self.provision_local(key).await?))
     }
 
+    async fn attach(&self, key: &SandboxKey) -> Result<Option<Arc<dyn Sandbox>>, SandboxError> {
+        let path = self.workspace_path(key);
+        let exists = blocking(move || match std::fs::symlink_metadata(&path) {
+            Ok(meta) => Ok(meta.is_dir()),
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(false),
+            Err(err) => Err(crate::fs::io_error(
+                format!("stat {}", path.display()),
+                &err,
+            )),
+        })
+        .await?;
+        if !exists {
+            return Ok(None);
+        }
+        Ok(Some(Arc::new(self.provision_local(key).await?)))
+    }
+
     #[tracing::instrument(skip_all, fields(sandbox = %key))]
     async fn destroy(&self, key: &SandboxKey) -> Result<(), SandboxError> {
         let path = self.workspace_path(key);

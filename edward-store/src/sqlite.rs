@@ -10,10 +10,14 @@
 
 use std::path::Path;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
+use edward_core::Durability;
+use edward_core::engine::Backend;
+use edward_core::memory::MemoryNotifier;
 use edward_core::{
     AdmissionError, AdmissionLimits, AdmitError, Checkpoint, DeadLetter, EffectRecord, Fence,
     Lease, NewEvent, NewRun, QueueError, RetryOutcome, RetryPolicy, Run, RunEvent, RunId, RunQueue,
@@ -36,7 +40,7 @@ use crate::error::{ConnectError, corrupt, queue_err, store_err};
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
 
 const RUN_COLUMNS: &str = "id, user_id, chat_id, status, request, fence, last_seq, \
-     created_at, updated_at, finished_at, terminal_reason";
+     created_at, updated_at, finished_at, terminal_reason, cancel_requested_at";
 
 /// SQLite [`RunStore`] + [`RunQueue`]: the embedded durable default.
 ///
@@ -51,6 +55,7 @@ const RUN_COLUMNS: &str = "id, user_id, chat_id, status, request, fence, last_se
 pub struct SqliteStore {
     writer: SqlitePool,
     reader: SqlitePool,
+    in_memory: bool,
 }
 
 impl SqliteStore {
@@ -130,7 +135,31 @@ impl SqliteStore {
                 .await
                 .map_err(ConnectError::Connect)?
         };
-        Ok(SqliteStore { writer, reader })
+        Ok(SqliteStore {
+            writer,
+            reader,
+            in_memory,
+        })
+    }
+
+    /// This store as the engine's [`Backend`]: it is both the run store and
+    /// the queue; the notifier is in-process, so tailers in *other*
+    /// processes see live events on their store re-read
+    /// (`EngineConfig::tail_backstop`, 1 s) and cancels from other processes
+    /// arrive within the worker's status-check period.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let store = edward_store::SqliteStore::open("edward.db").await?;
+    /// let builder = edward_core::engine::Engine::builder().backend(store.backend());
+    /// # let _ = builder; Ok(()) }
+    /// ```
+    pub fn backend(&self) -> Backend {
+        Backend::new(
+            Arc::new(self.clone()),
+            Arc::new(self.clone()),
+            Arc::new(MemoryNotifier::new()),
+        )
     }
 
     /// Close both pools.
@@ -157,6 +186,7 @@ fn run_from_row(row: &SqliteRow) -> Result<Run, StoreError> {
     let status: String = row.try_get("status").map_err(store_err)?;
     let request: String = row.try_get("request").map_err(store_err)?;
     let finished_at: Option<i64> = row.try_get("finished_at").map_err(store_err)?;
+    let cancel_requested_at: Option<i64> = row.try_get("cancel_requested_at").map_err(store_err)?;
     Ok(Run {
         id: RunId(id),
         user_id: row.try_get("user_id").map_err(store_err)?,
@@ -169,6 +199,7 @@ fn run_from_row(row: &SqliteRow) -> Result<Run, StoreError> {
         updated_at: from_micros(row.try_get("updated_at").map_err(store_err)?)?,
         finished_at: finished_at.map(from_micros).transpose()?,
         terminal_reason: row.try_get("terminal_reason").map_err(store_err)?,
+        cancel_requested_at: cancel_requested_at.map(from_micros).transpose()?,
     })
 }
 
@@ -302,6 +333,14 @@ async fn count_active(
 
 #[async_trait]
 impl RunStore for SqliteStore {
+    fn durability(&self) -> Durability {
+        if self.in_memory {
+            Durability::InProcess
+        } else {
+            Durability::Durable
+        }
+    }
+
     #[tracing::instrument(level = "debug", skip_all, fields(run_id = %run.id))]
     async fn admit(&self, run: NewRun, limits: AdmissionLimits) -> Result<Run, AdmitError> {
         let mut tx = self.begin_write().await.map_err(store_err)?;
@@ -597,6 +636,38 @@ impl RunStore for SqliteStore {
         tx.commit().await.map_err(store_err)
     }
 
+    async fn request_cancel(&self, run_id: RunId, event: NewEvent) -> Result<Run, StoreError> {
+        let mut tx = self.begin_write().await.map_err(store_err)?;
+        let Some((current, _, last_seq)) = run_state(&mut tx, run_id).await? else {
+            return Err(StoreError::NotFound { run_id });
+        };
+        if !current.is_terminal() {
+            let at = now();
+            let updated = sqlx::query(
+                "UPDATE runs SET cancel_requested_at = ?, updated_at = ?, last_seq = last_seq + 1 \
+                 WHERE id = ? AND cancel_requested_at IS NULL",
+            )
+            .bind(micros(at))
+            .bind(micros(at))
+            .bind(run_id.0)
+            .execute(&mut *tx)
+            .await
+            .map_err(store_err)?;
+            if updated.rows_affected() == 1 {
+                insert_events(&mut tx, run_id, last_seq + 1, at, vec![event]).await?;
+            }
+        }
+        let sql = format!("SELECT {RUN_COLUMNS} FROM runs WHERE id = ?");
+        let row = sqlx::query(&sql)
+            .bind(run_id.0)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(store_err)?;
+        let run = run_from_row(&row)?;
+        tx.commit().await.map_err(store_err)?;
+        Ok(run)
+    }
+
     async fn list_runs(&self, status: RunStatus, limit: usize) -> Result<Vec<Run>, StoreError> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let rows = sqlx::query(&format!(
@@ -632,6 +703,10 @@ fn lease_from_row(row: &SqliteRow) -> Result<Lease, QueueError> {
 
 #[async_trait]
 impl RunQueue for SqliteStore {
+    fn durability(&self) -> Durability {
+        RunStore::durability(self)
+    }
+
     async fn enqueue(&self, run_id: RunId) -> Result<(), QueueError> {
         sqlx::query(
             "INSERT INTO queue (run_id, run_at) VALUES (?, ?) ON CONFLICT (run_id) DO NOTHING",
@@ -796,5 +871,11 @@ impl RunQueue for SqliteStore {
                 })
             })
             .collect()
+    }
+}
+
+impl From<SqliteStore> for Backend {
+    fn from(store: SqliteStore) -> Self {
+        store.backend()
     }
 }

@@ -20,7 +20,8 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use edward_core::engine::{Engine, RunRequest, WorkerConfig};
+use edward_core::engine::{Backend, Engine, RunRequest, WorkerConfig};
+use edward_core::memory::MemoryNotifier;
 use edward_core::scripted::ScriptedModel;
 use edward_core::{
     ExecOutput, ExecRequest, FileEntry, FileWrite, RUN_FINISHED, RunId, RunQueue, RunStatus,
@@ -96,6 +97,17 @@ impl SandboxProvider for DirSandboxes {
             key: key.clone(),
             dir,
         }))
+    }
+
+    async fn attach(&self, key: &SandboxKey) -> Result<Option<Arc<dyn Sandbox>>, SandboxError> {
+        let dir = self.root.join(&key.0);
+        if !tokio::fs::try_exists(&dir).await.map_err(io_err)? {
+            return Ok(None);
+        }
+        Ok(Some(Arc::new(DirSandbox {
+            key: key.clone(),
+            dir,
+        })))
     }
 
     async fn destroy(&self, key: &SandboxKey) -> Result<(), SandboxError> {
@@ -220,10 +232,9 @@ async fn child_worker() {
     let sandboxes = PathBuf::from(std::env::var("EDWARD_STORE_CHILD_SANDBOXES").expect("dir"));
     let (store, queue) = open_backend(&backend).await;
     let engine = Engine::builder()
-        .store(store)
-        .queue(queue)
+        .backend(Backend::new(store, queue, Arc::new(MemoryNotifier::new())))
         .sandbox_provider(Arc::new(DirSandboxes { root: sandboxes }))
-        .model(Arc::new(model()))
+        .model_client(Arc::new(model()))
         .build()
         .expect("engine");
     let stop = CancellationToken::new();
@@ -348,12 +359,11 @@ async fn submit(engine: &Engine, n: usize) -> Vec<RunId> {
 /// An engine used only to submit (it runs no worker).
 fn submitter(store: Arc<dyn RunStore>, queue: Arc<dyn RunQueue>, sandboxes: &Path) -> Engine {
     Engine::builder()
-        .store(store)
-        .queue(queue)
+        .backend(Backend::new(store, queue, Arc::new(MemoryNotifier::new())))
         .sandbox_provider(Arc::new(DirSandboxes {
             root: sandboxes.to_owned(),
         }))
-        .model(Arc::new(model()))
+        .model_client(Arc::new(model()))
         .build()
         .expect("engine")
 }

@@ -5,13 +5,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use edward::core::engine::{
-    Budgets, Engine, EngineBuilder, EngineConfig, RunRequest, WorkerConfig,
+    Backend, Budgets, Engine, EngineBuilder, EngineConfig, RunRequest, WorkerConfig,
 };
 use edward::core::memory::MemoryBackends;
 use edward::core::scripted::ScriptedModel;
 use edward::core::{RunEvent, RunId, SandboxProvider};
 use edward::sandbox::LocalSandboxProvider;
-use futures::StreamExt;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -26,25 +25,38 @@ pub struct Harness {
 
 pub fn builder(backends: &MemoryBackends, provider: Arc<LocalSandboxProvider>) -> EngineBuilder {
     Engine::builder()
-        .store(backends.store.clone())
-        .queue(backends.queue.clone())
+        .backend(Backend::new(
+            backends.store.clone(),
+            backends.queue.clone(),
+            backends.notifier.clone(),
+        ))
         .write_buffer(backends.write_buffer.clone())
-        .notifier(backends.notifier.clone())
         .sandbox_provider(provider as Arc<dyn SandboxProvider>)
 }
 
 impl Harness {
     /// Engine with `model`, `config` and `budgets`; no worker yet.
     pub fn new(model: ScriptedModel, config: EngineConfig, budgets: Budgets) -> Harness {
-        Self::with(|b| b.model(Arc::new(model)).config(config).budgets(budgets))
+        Self::with(|b| {
+            b.model_client(Arc::new(model))
+                .config(config)
+                .budgets(budgets)
+        })
     }
 
     /// Engine from a customised builder.
     pub fn with(f: impl FnOnce(EngineBuilder) -> EngineBuilder) -> Harness {
+        Self::with_backends(|b, _| f(b))
+    }
+
+    /// Engine from a builder customised with access to the memory backends.
+    pub fn with_backends(
+        f: impl FnOnce(EngineBuilder, &MemoryBackends) -> EngineBuilder,
+    ) -> Harness {
         let dir = tempfile::tempdir().expect("tempdir");
         let provider = Arc::new(LocalSandboxProvider::new(dir.path()));
         let backends = MemoryBackends::new();
-        let engine = f(builder(&backends, provider.clone()))
+        let engine = f(builder(&backends, provider.clone()), &backends)
             .build()
             .expect("engine builds");
         Harness {
@@ -64,7 +76,7 @@ impl Harness {
             .with_concurrency(concurrency)
             .with_lease(lease);
         let engine = self.engine.clone();
-        let handle = tokio::spawn(async move { engine.worker(cfg).await });
+        let handle = tokio::spawn(async move { engine.worker(cfg).await.expect("worker config") });
         self.workers.push((shutdown, handle));
         self.workers.len() - 1
     }
@@ -100,7 +112,7 @@ pub async fn collect(engine: &Engine, id: RunId) -> Vec<RunEvent> {
 
 pub async fn collect_after(engine: &Engine, id: RunId, after: u64) -> Vec<RunEvent> {
     let fut = async {
-        let mut s = Box::pin(engine.events(id, after));
+        let mut s = engine.raw_events(id, after);
         let mut out = Vec::new();
         while let Some(e) = s.next().await {
             out.push(e.expect("event"));

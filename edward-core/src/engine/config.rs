@@ -7,39 +7,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::budget::Budgets;
-use crate::{AdmissionLimits, FlushPolicy, SandboxPath};
-
-/// Admission limits on active (queued or running) runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Limits {
-    /// Across all users (default 100).
-    pub global: u32,
-    /// Per user (default 2).
-    pub per_user: u32,
-    /// Per chat (default 1).
-    pub per_chat: u32,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        let d = AdmissionLimits::default();
-        Limits {
-            global: d.global,
-            per_user: d.per_user,
-            per_chat: d.per_chat,
-        }
-    }
-}
-
-impl From<Limits> for AdmissionLimits {
-    fn from(l: Limits) -> Self {
-        AdmissionLimits {
-            global: l.global,
-            per_user: l.per_user,
-            per_chat: l.per_chat,
-        }
-    }
-}
+use crate::{FlushPolicy, SandboxPath};
 
 /// The package manager used for `<edward_install>`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -183,11 +151,10 @@ pub struct EngineConfig {
     pub model_attempts: u32,
     /// Capacity of the parser → side-effect channel.
     pub effect_channel: usize,
-    /// Tailers re-read the store at least this often (backstop for lost hints).
+    /// Tailers re-read the store at least this often (1 s): the backstop for
+    /// lost hints, and the pace of live events written by another process
+    /// whose notifier does not reach this one.
     pub tail_backstop: Duration,
-    /// A cancelled running run that has not finished after this long is
-    /// finished `cancelled` out of band (backup for a lost cancel signal).
-    pub cancel_grace: Duration,
 }
 
 impl Default for EngineConfig {
@@ -205,7 +172,6 @@ impl Default for EngineConfig {
             model_attempts: 3,
             effect_channel: 256,
             tail_backstop: Duration::from_secs(1),
-            cancel_grace: Duration::from_secs(30),
         }
     }
 }

@@ -51,6 +51,9 @@ pub enum EngineEvent {
         /// The last seq that belonged to completed turns.
         superseded_after_seq: u64,
     },
+    /// A cancel was requested (recorded once, however often it is asked);
+    /// the run ends `cancelled` when a worker honours it.
+    CancelRequested {},
     /// A turn began (one model call).
     TurnStarted {
         /// 1-based turn number.
@@ -238,7 +241,8 @@ pub enum EngineEvent {
         status: RunStatus,
         /// Why (`done`, `no_progress`, `budget_exhausted:<budget>`, `cancelled`, `error: …`).
         reason: String,
-        /// Turns completed.
+        /// Turns started (the highest turn number with a `turn_started`):
+        /// a turn cut short by a cancel, a budget or an error counts.
         turns: u32,
         /// Total usage.
         usage: Usage,
@@ -295,6 +299,7 @@ impl EngineEvent {
             EngineEvent::RunStarted { .. } => "run_started",
             EngineEvent::RunResumed { .. } => "run_resumed",
             EngineEvent::TurnRestarted { .. } => "turn_restarted",
+            EngineEvent::CancelRequested {} => "cancel_requested",
             EngineEvent::TurnStarted { .. } => "turn_started",
             EngineEvent::TextDelta { .. } => "text_delta",
             EngineEvent::ThinkingDelta { .. } => "thinking_delta",

@@ -8,7 +8,6 @@
 //! ```no_run
 //! # async fn demo(provider: std::sync::Arc<dyn edward_core::SandboxProvider>) -> Result<(), Box<dyn std::error::Error>> {
 //! use edward_core::engine::{Engine, RunRequest, WorkerConfig};
-//! use futures::StreamExt;
 //!
 //! let engine = Engine::builder().sandbox_provider(provider).build()?;
 //! let shutdown = tokio_util::sync::CancellationToken::new();
@@ -18,12 +17,12 @@
 //!     async move { engine.worker(cfg).await }
 //! });
 //! let id = engine.submit(RunRequest::new("user", "chat", "build a todo app")).await?;
-//! let mut events = Box::pin(engine.events(id, 0));
+//! let mut events = engine.events(id, 0);
 //! while let Some(e) = events.next().await {
 //!     println!("{}", serde_json::to_string(&e?)?);
 //! }
 //! shutdown.cancel();
-//! worker.await?;
+//! worker.await??;
 //! # Ok(()) }
 //! ```
 //!
@@ -33,9 +32,11 @@
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
+use std::time::Duration;
 
-use futures::Stream;
+use bytes::Bytes;
 
+mod backend;
 mod budget;
 mod config;
 mod effects;
@@ -44,24 +45,33 @@ mod outcome;
 mod prompt;
 mod run;
 mod sink;
+mod stream;
 mod tail;
 mod worker;
 
-pub use budget::{BudgetKind, BudgetState, Budgets};
+pub use backend::{Backend, MixedDurability};
+pub use budget::{BudgetKind, Budgets};
 pub use config::{
-    CommandPolicy, EngineConfig, Limits, MAX_ID_BYTES, MAX_PROMPT_BYTES, PackageManager, RunRequest,
+    CommandPolicy, EngineConfig, MAX_ID_BYTES, MAX_PROMPT_BYTES, PackageManager, RunRequest,
 };
 pub use events::{EngineEvent, ToolRun};
-pub use outcome::{StopReason, TurnFacts, TurnOutcome, decide_turn_outcome};
-pub use prompt::{NUDGE_MESSAGE, SYSTEM_PROMPT, ToolResult, bounded, continuation_message};
+pub use stream::{EventStream, EventStreamError, RawEventStream, TypedEvent};
 pub use worker::WorkerConfig;
 
-use crate::memory::MemoryBackends;
+/// Engine internals exposed for tests and tooling. **Unstable:** not covered
+/// by semver; names and shapes change without notice.
+pub mod unstable {
+    pub use super::budget::BudgetState;
+    pub use super::outcome::{StopReason, TurnFacts, TurnOutcome, decide_turn_outcome};
+    pub use super::prompt::{NUDGE_MESSAGE, SYSTEM_PROMPT, ToolResult, continuation_message};
+}
+
 use crate::pricing::PriceTable;
 use crate::scripted::ScriptedModel;
 use crate::{
-    AdmissionError, AdmitError, ModelClient, NewRun, Notifier, QueueError, Run, RunEvent, RunId,
-    RunQueue, RunStatus, RunStore, SandboxProvider, StoreError, WebSearch, WriteBuffer,
+    AdmissionError, AdmissionLimits, AdmitError, FileEntry, ModelClient, NewRun, Notifier,
+    QueueError, Run, RunId, RunQueue, RunStatus, RunStore, SandboxError, SandboxKey, SandboxPath,
+    SandboxProvider, StoreError, WebSearch, WriteBuffer,
 };
 
 /// Why a submit was refused.
@@ -80,11 +90,11 @@ pub enum SubmitError {
     #[error(transparent)]
     Rejected(#[from] AdmissionError),
     /// The store failed.
-    #[error(transparent)]
-    Store(#[from] StoreError),
+    #[error("could not admit the run")]
+    Store(#[source] StoreError),
     /// The run was admitted but could not be queued; it was finished `failed`.
-    #[error(transparent)]
-    Queue(#[from] QueueError),
+    #[error("the run was admitted but could not be queued")]
+    Queue(#[source] QueueError),
 }
 
 impl SubmitError {
@@ -94,23 +104,46 @@ impl SubmitError {
             reason: reason.into(),
         }
     }
+
+    /// Whether submitting the same request again can succeed: limits free up
+    /// as runs finish, and store or queue outages pass; invalid requests never do.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            SubmitError::Invalid { .. } => false,
+            SubmitError::Rejected(_) => true,
+            SubmitError::Store(e) => e.is_retryable(),
+            SubmitError::Queue(e) => e.is_retryable(),
+        }
+    }
 }
 
-/// Why the builder could not build.
+/// Why the builder could not build, or a worker could not start.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum BuildError {
     /// No sandbox provider was given (there is no in-memory default).
-    #[error("a sandbox provider is required")]
+    #[error("a sandbox provider is required (e.g. `LocalSandboxProvider::new(dir)`)")]
     MissingSandboxProvider,
-    /// The default budgets are out of range.
+    /// The backend's store and queue differ in durability.
+    #[error(transparent)]
+    MixedDurability(#[from] MixedDurability),
+    /// A setting is out of range.
     #[error("invalid `{field}`: {reason}")]
-    InvalidBudgets {
-        /// The field.
+    InvalidSetting {
+        /// The setting (`budgets.max_turns`, `config.effect_channel`, `worker.lease`, …).
         field: String,
         /// Why.
         reason: String,
     },
+}
+
+impl BuildError {
+    fn invalid(field: &str, reason: impl Into<String>) -> Self {
+        BuildError::InvalidSetting {
+            field: field.to_string(),
+            reason: reason.into(),
+        }
+    }
 }
 
 /// What [`Engine::cancel`] did.
@@ -119,10 +152,48 @@ pub enum BuildError {
 pub enum CancelOutcome {
     /// The run was queued and is now finished `cancelled`.
     Cancelled,
-    /// The run is running; its worker was signalled.
+    /// The run is running; the request is recorded (event `cancel_requested`)
+    /// and its worker ends it within its status-check period, sooner when
+    /// the notifier reaches it.
     Requested,
     /// The run had already finished.
     AlreadyFinished,
+}
+
+/// Why a files call failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum FilesError {
+    /// No run with this id.
+    #[error("run {run_id} not found")]
+    RunNotFound {
+        /// The id.
+        run_id: RunId,
+    },
+    /// The run has no sandbox (it never wrote a file, or it was destroyed).
+    #[error("run {run_id} has no sandbox")]
+    NoSandbox {
+        /// The id.
+        run_id: RunId,
+    },
+    /// The store failed.
+    #[error("could not read the run")]
+    Store(#[source] StoreError),
+    /// The sandbox failed (a missing file is `SandboxError::NotFound`, an
+    /// invalid path `SandboxError::InvalidPath`).
+    #[error("sandbox operation failed")]
+    Sandbox(#[source] SandboxError),
+}
+
+impl FilesError {
+    /// Whether retrying can help.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            FilesError::Store(e) => e.is_retryable(),
+            FilesError::Sandbox(e) => e.is_retryable(),
+            FilesError::RunNotFound { .. } | FilesError::NoSandbox { .. } => false,
+        }
+    }
 }
 
 pub(crate) struct Inner {
@@ -133,7 +204,7 @@ pub(crate) struct Inner {
     pub(crate) write_buffer: Arc<dyn WriteBuffer>,
     pub(crate) notifier: Arc<dyn Notifier>,
     pub(crate) web_search: Arc<dyn WebSearch>,
-    pub(crate) limits: Limits,
+    pub(crate) limits: AdmissionLimits,
     pub(crate) budgets: Budgets,
     pub(crate) config: Arc<EngineConfig>,
     pub(crate) prices: PriceTable,
@@ -142,7 +213,8 @@ pub(crate) struct Inner {
     pub(crate) wake: tokio::sync::Notify,
 }
 
-/// The run engine. Cheap to clone; all clones share state.
+/// The run engine: one handle to submit, watch, cancel and inspect runs and
+/// to run workers. Cheap to clone; all clones share state.
 #[derive(Clone)]
 pub struct Engine {
     inner: Arc<Inner>,
@@ -158,17 +230,17 @@ impl std::fmt::Debug for Engine {
     }
 }
 
-/// Builds an [`Engine`].
+/// Builds an [`Engine`]. Everything but the sandbox provider has a default:
+/// [`Backend::memory`], the scripted demo model, an in-memory write buffer.
 #[derive(Default)]
+#[must_use]
 pub struct EngineBuilder {
-    store: Option<Arc<dyn RunStore>>,
-    queue: Option<Arc<dyn RunQueue>>,
+    backend: Option<Backend>,
     sandboxes: Option<Arc<dyn SandboxProvider>>,
     model: Option<Arc<dyn ModelClient>>,
     write_buffer: Option<Arc<dyn WriteBuffer>>,
-    notifier: Option<Arc<dyn Notifier>>,
     web_search: Option<Arc<dyn WebSearch>>,
-    limits: Limits,
+    limits: AdmissionLimits,
     budgets: Budgets,
     config: EngineConfig,
     prices: Option<PriceTable>,
@@ -177,14 +249,9 @@ pub struct EngineBuilder {
 }
 
 impl EngineBuilder {
-    /// The run store (default: in memory).
-    pub fn store(mut self, s: Arc<dyn RunStore>) -> Self {
-        self.store = Some(s);
-        self
-    }
-    /// The run queue (default: in memory).
-    pub fn queue(mut self, q: Arc<dyn RunQueue>) -> Self {
-        self.queue = Some(q);
+    /// Where runs live: store, queue and notifier (default [`Backend::memory`]).
+    pub fn backend(mut self, backend: impl Into<Backend>) -> Self {
+        self.backend = Some(backend.into());
         self
     }
     /// The sandbox provider (required).
@@ -192,19 +259,14 @@ impl EngineBuilder {
         self.sandboxes = Some(p);
         self
     }
-    /// The model client (default: the scripted demo).
-    pub fn model(mut self, m: Arc<dyn ModelClient>) -> Self {
+    /// The model client that streams completions (default: the scripted demo).
+    pub fn model_client(mut self, m: Arc<dyn ModelClient>) -> Self {
         self.model = Some(m);
         self
     }
-    /// The write buffer (default: in memory).
+    /// The write buffer behind the flush scheduler (default: in memory).
     pub fn write_buffer(mut self, w: Arc<dyn WriteBuffer>) -> Self {
         self.write_buffer = Some(w);
-        self
-    }
-    /// The notifier (default: in memory).
-    pub fn notifier(mut self, n: Arc<dyn Notifier>) -> Self {
-        self.notifier = Some(n);
         self
     }
     /// Web search (default: not configured; searches report an error to the model).
@@ -212,12 +274,12 @@ impl EngineBuilder {
         self.web_search = Some(w);
         self
     }
-    /// Admission limits.
-    pub fn limits(mut self, l: Limits) -> Self {
+    /// Admission limits on active runs (default: 100 global, 2 per user, 1 per chat).
+    pub fn admission_limits(mut self, l: AdmissionLimits) -> Self {
         self.limits = l;
         self
     }
-    /// Default budgets (a request may override them).
+    /// Default budgets (a request may override them; see [`Budgets`]).
     pub fn budgets(mut self, b: Budgets) -> Self {
         self.budgets = b;
         self
@@ -232,8 +294,8 @@ impl EngineBuilder {
         self.prices = Some(p);
         self
     }
-    /// The model used when a request names none (default `scripted`); it is
-    /// also a known model.
+    /// The model name used when a request names none (default `scripted`);
+    /// it is also a known model.
     pub fn default_model(mut self, name: impl Into<String>) -> Self {
         self.default_model = Some(name.into());
         self
@@ -248,40 +310,103 @@ impl EngineBuilder {
         self
     }
 
-    /// Build the engine.
+    /// Build the engine, validating every setting.
     pub fn build(self) -> Result<Engine, BuildError> {
         let sandboxes = self.sandboxes.ok_or(BuildError::MissingSandboxProvider)?;
+        let backend = self.backend.unwrap_or_default();
+        backend.durability()?;
         self.budgets
             .validate()
-            .map_err(|(field, reason)| BuildError::InvalidBudgets {
-                field: field.to_string(),
-                reason,
-            })?;
-        let mem = MemoryBackends::new();
+            .map_err(|(field, reason)| BuildError::invalid(field, reason))?;
+        validate_config(&self.config)?;
+        for (field, v) in [
+            ("limits.global", self.limits.global),
+            ("limits.per_user", self.limits.per_user),
+            ("limits.per_chat", self.limits.per_chat),
+        ] {
+            if v == 0 {
+                return Err(BuildError::invalid(field, "must be at least 1"));
+            }
+        }
         let default_model = self.default_model.unwrap_or_else(|| "scripted".to_string());
         let mut known_models = self.known_models;
         known_models.insert(default_model.clone());
+        let prices = self.prices.unwrap_or_else(PriceTable::builtin);
         Ok(Engine {
             inner: Arc::new(Inner {
-                store: self.store.unwrap_or(mem.store),
-                queue: self.queue.unwrap_or(mem.queue),
+                store: backend.store().clone(),
+                queue: backend.queue().clone(),
+                notifier: backend.notifier().clone(),
                 sandboxes,
                 model: self
                     .model
                     .unwrap_or_else(|| Arc::new(ScriptedModel::demo())),
-                write_buffer: self.write_buffer.unwrap_or(mem.write_buffer),
-                notifier: self.notifier.unwrap_or(mem.notifier),
-                web_search: self.web_search.unwrap_or(mem.web_search),
+                write_buffer: self
+                    .write_buffer
+                    .unwrap_or_else(|| Arc::new(crate::memory::MemoryWriteBuffer::new())),
+                web_search: self
+                    .web_search
+                    .unwrap_or_else(|| Arc::new(crate::memory::NoWebSearch)),
                 limits: self.limits,
                 budgets: self.budgets,
                 config: Arc::new(self.config),
-                prices: self.prices.unwrap_or_else(PriceTable::builtin),
+                prices,
                 default_model,
                 known_models,
                 wake: tokio::sync::Notify::new(),
             }),
         })
     }
+}
+
+/// Range checks of [`EngineConfig`]: a zero channel would panic every turn,
+/// zero durations would busy-loop.
+fn validate_config(c: &EngineConfig) -> Result<(), BuildError> {
+    let positive = |field: &str, d: Duration| {
+        if d.is_zero() {
+            Err(BuildError::invalid(field, "must be greater than zero"))
+        } else {
+            Ok(())
+        }
+    };
+    if c.effect_channel == 0 {
+        return Err(BuildError::invalid(
+            "config.effect_channel",
+            "must be at least 1",
+        ));
+    }
+    if c.coalesce_bytes == 0 {
+        return Err(BuildError::invalid(
+            "config.coalesce_bytes",
+            "must be at least 1",
+        ));
+    }
+    if c.model_attempts == 0 {
+        return Err(BuildError::invalid(
+            "config.model_attempts",
+            "must be at least 1",
+        ));
+    }
+    if c.max_output_tokens_per_call == 0 {
+        return Err(BuildError::invalid(
+            "config.max_output_tokens_per_call",
+            "must be at least 1",
+        ));
+    }
+    positive("config.flush_poll", c.flush_poll)?;
+    positive("config.tail_backstop", c.tail_backstop)?;
+    positive("config.commands.timeout", c.commands.timeout)?;
+    positive(
+        "config.commands.install_timeout",
+        c.commands.install_timeout,
+    )?;
+    if c.flush.max_wait < c.flush.debounce {
+        return Err(BuildError::invalid(
+            "config.flush.max_wait",
+            "must not be shorter than config.flush.debounce",
+        ));
+    }
+    Ok(())
 }
 
 impl Engine {
@@ -301,8 +426,8 @@ impl Engine {
     }
 
     /// The sandbox key of a run (`run-{id}`).
-    pub fn sandbox_key(run_id: RunId) -> crate::SandboxKey {
-        crate::SandboxKey(format!("run-{run_id}"))
+    pub fn sandbox_key(run_id: RunId) -> SandboxKey {
+        SandboxKey(format!("run-{run_id}"))
     }
 
     /// Validate every field of `req`.
@@ -339,8 +464,22 @@ impl Engine {
                 ));
             }
         }
+        let budgets = req.budgets.unwrap_or(self.inner.budgets);
         if let Some(b) = &req.budgets {
             b.validate().map_err(id)?;
+        }
+        if budgets.max_cost_usd > 0.0 {
+            let model = req.model.as_deref().unwrap_or(&self.inner.default_model);
+            if model != "scripted" && self.inner.prices.get(model).is_none() {
+                return Err(SubmitError::invalid(
+                    "budgets.max_cost_usd",
+                    format!(
+                        "model `{}` has no price, so a cost budget cannot be enforced: add its \
+                         price (`EngineBuilder::prices`) or set `max_cost_usd` to 0",
+                        model.chars().take(64).collect::<String>()
+                    ),
+                ));
+            }
         }
         Ok(())
     }
@@ -367,12 +506,7 @@ impl Engine {
             request,
             first_event,
         };
-        match self
-            .inner
-            .store
-            .admit(new_run, self.inner.limits.into())
-            .await
-        {
+        match self.inner.store.admit(new_run, self.inner.limits).await {
             Ok(_) => {}
             Err(AdmitError::Rejected(e)) => return Err(SubmitError::Rejected(e)),
             Err(AdmitError::Store(e)) => return Err(SubmitError::Store(e)),
@@ -401,26 +535,34 @@ impl Engine {
         self.inner.store.get_run(run_id).await
     }
 
-    /// The run's events with seq > `after_seq`: replayed from the store,
-    /// then live until (and including) the terminal event. No gaps, no duplicates.
-    pub fn events(
-        &self,
-        run_id: RunId,
-        after_seq: u64,
-    ) -> impl Stream<Item = Result<RunEvent, StoreError>> + Send + 'static {
-        tail::tail(
+    /// The run's events with seq > `after_seq`, decoded: replayed from the
+    /// store, then live until (and including) the terminal event. No gaps, no
+    /// duplicates. Live events wake the stream through the notifier; when the
+    /// writer is another process whose notifier does not reach this one (the
+    /// in-memory notifier on a shared SQLite file), they arrive on the
+    /// store re-read every [`EngineConfig::tail_backstop`] (1 s by default).
+    pub fn events(&self, run_id: RunId, after_seq: u64) -> EventStream {
+        EventStream::new(self.raw_events(run_id, after_seq))
+    }
+
+    /// Like [`Engine::events`], but the stored events as they are (JSON
+    /// payloads), including types this version does not know.
+    pub fn raw_events(&self, run_id: RunId, after_seq: u64) -> RawEventStream {
+        RawEventStream::new(tail::tail(
             self.inner.store.clone(),
             self.inner.notifier.clone(),
             run_id,
             after_seq,
             self.inner.config.tail_backstop,
-        )
+        ))
     }
 
-    /// Cancel a run. A queued run is finished `cancelled` at once; a running
-    /// one is signalled through the notifier (its worker ends it with
-    /// `run_finished{status: cancelled}`), and if it has not finished after
-    /// `EngineConfig::cancel_grace` it is finished `cancelled` out of band.
+    /// Cancel a run. The request is recorded durably first (event
+    /// `cancel_requested`, once however often this is called). A queued run
+    /// is then finished `cancelled` at once; a running one is signalled
+    /// through the notifier, and every worker also sees the recorded request
+    /// within its status-check period (and on claiming the run), so a lost
+    /// signal only delays the cancel, never loses it.
     pub async fn cancel(&self, run_id: RunId) -> Result<CancelOutcome, StoreError> {
         let run = self
             .inner
@@ -428,6 +570,19 @@ impl Engine {
             .get_run(run_id)
             .await?
             .ok_or(StoreError::NotFound { run_id })?;
+        if run.status.is_terminal() {
+            return Ok(CancelOutcome::AlreadyFinished);
+        }
+        let run = self
+            .inner
+            .store
+            .request_cancel(run_id, EngineEvent::CancelRequested {}.into_new_event())
+            .await?;
+        let _ = self
+            .inner
+            .notifier
+            .notify_events(run_id, run.last_seq)
+            .await;
         match run.status {
             s if s.is_terminal() => Ok(CancelOutcome::AlreadyFinished),
             RunStatus::Queued => {
@@ -453,34 +608,62 @@ impl Engine {
             }
             _ => {
                 if let Err(e) = self.inner.notifier.notify_cancel(run_id).await {
-                    tracing::warn!(%run_id, error = %e, "cancel notification failed");
+                    tracing::warn!(%run_id, error = %e, "cancel notification failed; the status check will see the request");
                 }
-                let inner = self.inner.clone();
-                tokio::spawn(async move {
-                    tokio::time::sleep(inner.config.cancel_grace).await;
-                    if let Ok(Some(r)) = inner.store.get_run(run_id).await {
-                        if !r.status.is_terminal() {
-                            tracing::warn!(%run_id, "worker did not end the cancelled run; forcing");
-                            let _ = run::finish_run(
-                                &*inner.store,
-                                &*inner.notifier,
-                                run_id,
-                                None,
-                                RunStatus::Cancelled,
-                                "cancelled",
-                                run::Summary::default(),
-                            )
-                            .await;
-                        }
-                    }
-                });
                 Ok(CancelOutcome::Requested)
             }
         }
     }
 
-    /// Run a worker until `cfg.shutdown` fires.
-    pub async fn worker(&self, cfg: WorkerConfig) {
-        worker::run_worker(self.inner.clone(), cfg).await
+    /// The files of a run's sandbox, sorted by path. Never creates a sandbox:
+    /// `NoSandbox` when the run has none (yet, or any more).
+    pub async fn files(&self, run_id: RunId) -> Result<Vec<FileEntry>, FilesError> {
+        let sandbox = self.attach(run_id).await?;
+        sandbox.list_files().await.map_err(FilesError::Sandbox)
+    }
+
+    /// One file of a run's sandbox. `path` is validated like a model path.
+    pub async fn read_file(&self, run_id: RunId, path: &str) -> Result<Bytes, FilesError> {
+        let path = SandboxPath::new(path).map_err(FilesError::Sandbox)?;
+        let sandbox = self.attach(run_id).await?;
+        sandbox.read_file(&path).await.map_err(FilesError::Sandbox)
+    }
+
+    /// Destroy a run's sandbox and everything in it (idempotent). The run's
+    /// record and events stay.
+    pub async fn destroy_sandbox(&self, run_id: RunId) -> Result<(), FilesError> {
+        self.run_exists(run_id).await?;
+        self.inner
+            .sandboxes
+            .destroy(&Self::sandbox_key(run_id))
+            .await
+            .map_err(FilesError::Sandbox)
+    }
+
+    async fn run_exists(&self, run_id: RunId) -> Result<Run, FilesError> {
+        self.inner
+            .store
+            .get_run(run_id)
+            .await
+            .map_err(FilesError::Store)?
+            .ok_or(FilesError::RunNotFound { run_id })
+    }
+
+    async fn attach(&self, run_id: RunId) -> Result<Arc<dyn crate::Sandbox>, FilesError> {
+        self.run_exists(run_id).await?;
+        self.inner
+            .sandboxes
+            .attach(&Self::sandbox_key(run_id))
+            .await
+            .map_err(FilesError::Sandbox)?
+            .ok_or(FilesError::NoSandbox { run_id })
+    }
+
+    /// Run a worker until `cfg.shutdown` fires. Fails at once, doing
+    /// nothing, when `cfg` is out of range.
+    pub async fn worker(&self, cfg: WorkerConfig) -> Result<(), BuildError> {
+        cfg.validate()?;
+        worker::run_worker(self.inner.clone(), cfg).await;
+        Ok(())
     }
 }

@@ -215,6 +215,7 @@ pub(crate) async fn execute(
             log: log.clone(),
             registry,
             lost: lost.clone(),
+            turns_started: std::sync::atomic::AtomicU32::new(0),
         };
         let driven = async {
             let end = ctx.drive(run, &lease, &worker_id).await;
@@ -238,6 +239,9 @@ struct RunCtx {
     log: RunLog,
     registry: FlushRegistry,
     lost: CancellationToken,
+    /// The newest turn whose `turn_started` this attempt emitted: a turn cut
+    /// short (cancel, budget, error) still counts in `run_finished.turns`.
+    turns_started: std::sync::atomic::AtomicU32,
 }
 
 impl RunCtx {
@@ -260,6 +264,11 @@ impl RunCtx {
             .clone()
             .unwrap_or_else(|| self.inner.default_model.clone());
         let budgets = request.budgets.unwrap_or(self.inner.budgets);
+        if run.cancel_requested_at.is_some() {
+            // Cancelled before this worker claimed it (or while it was
+            // between workers): the first stop check ends it `cancelled`.
+            self.control.stop(StopCause::Cancelled);
+        }
 
         // Start fresh or resume from the checkpoint.
         let checkpoint = match self.inner.store.load_checkpoint(self.run_id).await {
@@ -473,6 +482,8 @@ impl RunCtx {
                     estimated_input_tokens: est_input,
                 })
                 .await;
+            self.turns_started
+                .fetch_max(turn, std::sync::atomic::Ordering::Relaxed);
 
             let report = match self
                 .turn(turn, request, state, budgets, target)
@@ -686,7 +697,10 @@ impl RunCtx {
             _ => {}
         }
         let summary = Summary {
-            turns: budget.turns,
+            turns: budget.turns.max(
+                self.turns_started
+                    .load(std::sync::atomic::Ordering::Relaxed),
+            ),
             usage: budget.usage(),
             cost_usd: budget.cost_usd,
             tool_calls: budget.tool_calls,

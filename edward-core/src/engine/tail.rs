@@ -7,8 +7,8 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt;
 use futures::stream::BoxStream;
-use futures::{Stream, StreamExt};
 
 use crate::{Notifier, RunEvent, RunId, RunStore, StoreError};
 
@@ -32,7 +32,7 @@ pub(crate) fn tail(
     run_id: RunId,
     after_seq: u64,
     backstop: Duration,
-) -> impl Stream<Item = Result<RunEvent, StoreError>> + Send + 'static {
+) -> BoxStream<'static, Result<RunEvent, StoreError>> {
     let state = Tail {
         store,
         notifier,
@@ -44,7 +44,7 @@ pub(crate) fn tail(
         done: false,
         backstop,
     };
-    futures::stream::unfold(state, |mut s| async move {
+    let stream = futures::stream::unfold(state, |mut s| async move {
         loop {
             if let Some(e) = s.buf.pop_front() {
                 if e.seq <= s.last {
@@ -115,5 +115,6 @@ pub(crate) fn tail(
                 }
             }
         }
-    })
+    });
+    stream.boxed()
 }

@@ -74,6 +74,32 @@ impl WorkerConfig {
         self.lease = lease;
         self
     }
+
+    /// Range checks: a zero lease or interval would busy-loop or lose every lease.
+    pub fn validate(&self) -> Result<(), super::BuildError> {
+        let invalid = |field: &str, reason: &str| super::BuildError::InvalidSetting {
+            field: field.to_string(),
+            reason: reason.to_string(),
+        };
+        if self.id.trim().is_empty() {
+            return Err(invalid("worker.id", "must not be empty"));
+        }
+        if self.concurrency == 0 {
+            return Err(invalid("worker.concurrency", "must be at least 1"));
+        }
+        if self.lease < Duration::from_millis(30) {
+            return Err(invalid("worker.lease", "must be at least 30 ms"));
+        }
+        for (field, d) in [
+            ("worker.poll_interval", self.poll_interval),
+            ("worker.status_check_interval", self.status_check_interval),
+        ] {
+            if d.is_zero() {
+                return Err(invalid(field, "must be greater than zero"));
+            }
+        }
+        Ok(())
+    }
 }
 
 type Controls = Arc<Mutex<HashMap<RunId, Arc<RunControl>>>>;
@@ -211,6 +237,9 @@ async fn run_task(
                     if run.status.is_terminal() {
                         // Finished elsewhere (forced cancel, reaper): write nothing more.
                         control.stop(StopCause::FinishedElsewhere);
+                    } else if run.cancel_requested_at.is_some() {
+                        // A durable cancel request whose signal did not reach us.
+                        control.stop(StopCause::Cancelled);
                     }
                 }
             }

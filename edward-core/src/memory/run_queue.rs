@@ -114,6 +114,10 @@ fn jitter(delay: Duration) -> Duration {
 
 #[async_trait]
 impl RunQueue for MemoryRunQueue {
+    fn durability(&self) -> crate::types::Durability {
+        crate::types::Durability::InProcess
+    }
+
     async fn enqueue(&self, run_id: RunId) -> Result<(), QueueError> {
         let mut state = lock_state(&self.state);
         if state.jobs.contains_key(&run_id) {

@@ -168,6 +168,10 @@ fn push_events(entry: &mut Entry, events: Vec<NewEvent>, at: DateTime<Utc>) -> V
 
 #[async_trait]
 impl RunStore for MemoryRunStore {
+    fn durability(&self) -> crate::types::Durability {
+        crate::types::Durability::InProcess
+    }
+
     async fn admit(&self, run: NewRun, limits: AdmissionLimits) -> Result<Run, AdmitError> {
         let mut state = lock_state(&self.state);
         if state.runs.contains_key(&run.id) {
@@ -218,6 +222,7 @@ impl RunStore for MemoryRunStore {
             updated_at: now,
             finished_at: None,
             terminal_reason: None,
+            cancel_requested_at: None,
         };
         let mut entry = Entry {
             run: stored,
@@ -244,6 +249,17 @@ impl RunStore for MemoryRunStore {
             .insert((now, result.id));
         state.runs.insert(result.id, entry);
         Ok(result)
+    }
+
+    async fn request_cancel(&self, run_id: RunId, event: NewEvent) -> Result<Run, StoreError> {
+        let mut state = lock_state(&self.state);
+        let entry = state.entry_mut(run_id)?;
+        if !entry.run.status.is_terminal() && entry.run.cancel_requested_at.is_none() {
+            let now = Utc::now();
+            entry.run.cancel_requested_at = Some(now);
+            push_events(entry, vec![event], now);
+        }
+        Ok(entry.run.clone())
     }
 
     async fn get_run(&self, run_id: RunId) -> Result<Option<Run>, StoreError> {

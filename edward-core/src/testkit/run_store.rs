@@ -975,8 +975,71 @@ pub async fn check_list_runs_by_status<S: RunStore + ?Sized>(store: &S) {
     assert!(cancelled.contains(&queued_a.id) && cancelled.contains(&running.id));
 }
 
+/// `request_cancel` is durable and idempotent: the first call on an active run
+/// records the time and appends its event with the next seq; a second call,
+/// and a call on a finished run, append nothing; the fence of a worker that
+/// started the run still appends after it, gap-free.
+pub async fn check_request_cancel_idempotent<S: RunStore + ?Sized>(store: &S) {
+    let run = admit_fresh(store).await;
+    assert!(run.cancel_requested_at.is_none());
+    let started = store.start_run(run.id, Fence(1)).await.expect("start");
+    assert!(started.cancel_requested_at.is_none());
+
+    let first = store
+        .request_cancel(run.id, event("cancel_requested", 1))
+        .await
+        .expect("first request");
+    assert!(first.cancel_requested_at.is_some());
+    assert_eq!(
+        first.status,
+        RunStatus::Running,
+        "a request does not finish"
+    );
+    assert_eq!(first.last_seq, 2);
+    let again = store
+        .request_cancel(run.id, event("cancel_requested", 2))
+        .await
+        .expect("second request");
+    assert_eq!(again.last_seq, 2, "a repeated request appends nothing");
+    assert_eq!(again.cancel_requested_at, first.cancel_requested_at);
+    let reread = store.get_run(run.id).await.expect("get").expect("exists");
+    assert_eq!(reread.cancel_requested_at, first.cancel_requested_at);
+
+    let appended = store
+        .append_events(run.id, Fence(1), vec![event("after", 3)])
+        .await
+        .expect("the worker still appends");
+    assert_eq!(appended[0].seq, 3);
+    let kinds: Vec<String> = all_events(store, run.id)
+        .await
+        .into_iter()
+        .map(|e| e.kind)
+        .collect();
+    assert_eq!(kinds, ["run_queued", "cancel_requested", "after"]);
+
+    cleanup(store, &[run.id]).await;
+    let finished = store
+        .request_cancel(run.id, event("cancel_requested", 4))
+        .await
+        .expect("request on a finished run");
+    assert_eq!(finished.status, RunStatus::Cancelled);
+    assert_eq!(
+        finished.last_seq, 4,
+        "nothing is appended after the terminal event"
+    );
+
+    match store
+        .request_cancel(RunId::new(), event("cancel_requested", 5))
+        .await
+    {
+        Err(StoreError::NotFound { .. }) => {}
+        other => panic!("unknown run: expected NotFound, got {other:?}"),
+    }
+}
+
 /// Every check of this suite.
 pub async fn run_all(store: Arc<dyn RunStore>) {
+    check_request_cancel_idempotent(&*store).await;
     check_admit_inserts_queued_with_first_event(&*store).await;
     check_admission_limits(&*store).await;
     check_concurrent_admits_respect_user_limit(Arc::clone(&store)).await;

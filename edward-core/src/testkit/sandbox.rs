@@ -43,6 +43,37 @@ pub async fn run_all(provider: &dyn SandboxProvider) {
     exec_timeout_kills(provider).await;
     exec_cancel_kills(provider).await;
     destroy_removes_files(provider).await;
+    attach_never_creates(provider).await;
+}
+
+/// `attach` finds a provisioned sandbox with its files, and returns `None`
+/// for a key never provisioned or destroyed — without creating one.
+pub async fn attach_never_creates(provider: &dyn SandboxProvider) {
+    let key = fresh_key("attach");
+    assert!(
+        provider.attach(&key).await.expect("attach").is_none(),
+        "attach of an unknown key must be None"
+    );
+    assert!(
+        provider.attach(&key).await.expect("attach").is_none(),
+        "a failed attach must not have created the sandbox"
+    );
+    let sandbox = provision(provider, &key).await;
+    write(sandbox.as_ref(), vec![file("kept.txt", "kept")]).await;
+    let attached = provider
+        .attach(&key)
+        .await
+        .expect("attach")
+        .expect("a provisioned sandbox is attachable");
+    assert_eq!(
+        attached.read_file(&path("kept.txt")).await.expect("read"),
+        Bytes::from_static(b"kept")
+    );
+    destroy(provider, &key).await;
+    assert!(
+        provider.attach(&key).await.expect("attach").is_none(),
+        "a destroyed sandbox is not attachable"
+    );
 }
 
 /// A key no other check (or earlier test run) uses.

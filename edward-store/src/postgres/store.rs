@@ -30,8 +30,11 @@
 //! newest row version, so seqs stay gap-free. Zero rows back is explained by
 //! a follow-up read as `NotFound`, `Finished` or `StaleFence`.
 
+use std::sync::Arc;
+
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
+use edward_core::engine::Backend;
 use edward_core::{
     AdmissionError, AdmissionLimits, AdmitError, Checkpoint, EffectRecord, Fence, NewEvent, NewRun,
     Run, RunEvent, RunId, RunStatus, RunStore, StoreError,
@@ -48,7 +51,7 @@ use crate::common::{
 use crate::error::{ConnectError, corrupt, is_unique_violation, store_err};
 
 const RUN_COLUMNS: &str = "id, user_id, chat_id, status, request::text AS request, fence, \
-     last_seq, created_at, updated_at, finished_at, terminal_reason";
+     last_seq, created_at, updated_at, finished_at, terminal_reason, cancel_requested_at";
 
 /// Postgres [`RunStore`]. Cloning is cheap (the pool is shared).
 ///
@@ -85,6 +88,19 @@ impl PgStore {
     /// The underlying pool.
     pub fn pool(&self) -> &PgPool {
         &self.pool
+    }
+
+    /// This store as the engine's [`Backend`]: store, a [`PgQueue`] and a
+    /// [`PgNotifier`] (LISTEN/NOTIFY, so events and cancels reach every
+    /// process at once), all on this store's pool (the notifier holds one
+    /// connection for listening).
+    pub async fn backend(&self) -> Result<Backend, ConnectError> {
+        let notifier = super::PgNotifier::from_pool(self.pool.clone(), "edward").await?;
+        Ok(Backend::new(
+            Arc::new(self.clone()),
+            Arc::new(self.queue()),
+            Arc::new(notifier),
+        ))
     }
 
     /// A [`PgQueue`] sharing this store's pool.
@@ -148,6 +164,7 @@ fn run_from_row(row: &PgRow) -> Result<Run, StoreError> {
         updated_at: row.try_get("updated_at").map_err(store_err)?,
         finished_at: row.try_get("finished_at").map_err(store_err)?,
         terminal_reason: row.try_get("terminal_reason").map_err(store_err)?,
+        cancel_requested_at: row.try_get("cancel_requested_at").map_err(store_err)?,
     })
 }
 
@@ -554,6 +571,53 @@ impl RunStore for PgStore {
             return Err(self.diagnose(run_id, fence, false).await);
         }
         Ok(())
+    }
+
+    async fn request_cancel(&self, run_id: RunId, event: NewEvent) -> Result<Run, StoreError> {
+        let mut tx = self.pool.begin().await.map_err(store_err)?;
+        let row = sqlx::query(
+            "SELECT status, fence, last_seq, cancel_requested_at IS NOT NULL \
+             FROM edward_runs WHERE id = $1 FOR UPDATE",
+        )
+        .bind(run_id.0)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(store_err)?;
+        let Some(row) = row else {
+            return Err(StoreError::NotFound { run_id });
+        };
+        let status: String = row.try_get(0).map_err(store_err)?;
+        let requested: bool = row.try_get(3).map_err(store_err)?;
+        if !parse_status(&status)?.is_terminal() && !requested {
+            let events = vec![event];
+            let (kinds, payloads) = batch_columns(&events);
+            let rows = sqlx::query(&format!(
+                "WITH reserve AS ( \
+                   UPDATE edward_runs SET last_seq = last_seq + $3, updated_at = now(), \
+                     cancel_requested_at = now() \
+                   WHERE id = $1 RETURNING last_seq, updated_at \
+                 ) {INSERT_RESERVED}"
+            ))
+            .bind(run_id.0)
+            .bind(None::<String>)
+            .bind(1_i64)
+            .bind(&kinds)
+            .bind(&payloads)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(store_err)?;
+            persisted(run_id, rows, events)?;
+        }
+        let row = sqlx::query(&format!(
+            "SELECT {RUN_COLUMNS} FROM edward_runs WHERE id = $1"
+        ))
+        .bind(run_id.0)
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(store_err)?;
+        let run = run_from_row(&row)?;
+        tx.commit().await.map_err(store_err)?;
+        Ok(run)
     }
 
     async fn list_runs(&self, status: RunStatus, limit: usize) -> Result<Vec<Run>, StoreError> {
