@@ -13,6 +13,16 @@ cargo fmt --all -- --check
 step "cargo clippy (all targets, all features, -D warnings)"
 cargo clippy --workspace --all-targets --all-features -- -D warnings
 
+step "features compile alone (no default features, then each adapter feature)"
+for features in "" local sqlite postgres openai anthropic gemini tavily http; do
+  echo "  edward --no-default-features${features:+ --features $features}"
+  cargo check -q -p edward --lib --no-default-features ${features:+--features "$features"}
+done
+if cargo tree -p edward --no-default-features -e normal --prefix none | grep -qE '^(sqlx|reqwest) '; then
+  echo "--no-default-features pulls sqlx or reqwest" >&2
+  exit 1
+fi
+
 step "start PostgreSQL (scripts/pg.sh)"
 trap 'scripts/pg.sh stop' EXIT
 EDWARD_TEST_DATABASE_URL="$(scripts/pg.sh start)"

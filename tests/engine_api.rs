@@ -340,3 +340,102 @@ async fn typed_events_carry_the_raw_json() {
     ));
     h.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sandboxes_of_finished_runs_are_destroyed_after_the_retention_time() {
+    let mut h = Harness::new(
+        ScriptedModel::demo(),
+        EngineConfig {
+            sandbox_retention: Some(Duration::from_millis(300)),
+            ..EngineConfig::default()
+        },
+        Budgets::default(),
+    );
+    h.start_worker(1, Duration::from_secs(5));
+    let id = h.submit("build a todo app").await;
+    let events = collect(&h.engine, id).await;
+    assert_eq!(terminal(&events)["status"], "completed");
+    assert!(
+        h.engine.files(id).await.is_ok(),
+        "kept right after the run finished"
+    );
+    // No signal exists for "destroyed"; poll the filesystem with a deadline.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while h.workspace(id).exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "sandbox not destroyed after its retention time"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(matches!(
+        h.engine.files(id).await,
+        Err(FilesError::NoSandbox { .. })
+    ));
+    assert!(
+        h.engine.get(id).await.unwrap().is_some(),
+        "the run's record stays"
+    );
+    h.shutdown().await;
+}
+
+/// A model that streams 40 KB of text and ignores `max_output_tokens`.
+fn verbose_model() -> ScriptedModel {
+    ScriptedModel::new(["word ".repeat(8000)]).with_chunk_bytes(64)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_output_token_cap_stops_the_stream_mid_turn() {
+    let budgets = Budgets {
+        max_output_tokens: 1000,
+        ..Budgets::default()
+    };
+    let mut h = Harness::new(verbose_model(), EngineConfig::default(), budgets);
+    h.start_worker(1, Duration::from_secs(5));
+    let id = h.submit("talk a lot").await;
+    let events = collect(&h.engine, id).await;
+    let t = terminal(&events);
+    assert_eq!(t["reason"], "budget_exhausted:output_tokens");
+    let out = t["usage"]["output_tokens"].as_u64().unwrap();
+    // Documented bound: one streamed chunk (64 bytes = 16 tokens) past the cap.
+    assert!(
+        (1000..=1016).contains(&out),
+        "output tokens {out} for a cap of 1000"
+    );
+    h.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cost_cap_stops_the_stream_mid_turn() {
+    let mut prices = edward::PriceTable::empty();
+    prices.set(
+        "priced-model",
+        edward::ModelPrice {
+            input_per_mtok: 1.0,
+            output_per_mtok: 10.0,
+        },
+    );
+    let budgets = Budgets {
+        max_cost_usd: 0.01,
+        ..Budgets::default()
+    };
+    let mut h = Harness::with(|b| {
+        b.model_client(Arc::new(verbose_model()))
+            .default_model("priced-model")
+            .prices(prices)
+            .budgets(budgets)
+    });
+    h.start_worker(1, Duration::from_secs(5));
+    let id = h.submit("talk a lot").await;
+    let events = collect(&h.engine, id).await;
+    let t = terminal(&events);
+    assert_eq!(t["reason"], "budget_exhausted:cost");
+    let cost = t["cost_usd"].as_f64().unwrap();
+    // Documented bound: one streamed chunk (16 tokens at $10/Mtok = $0.00016).
+    assert!(
+        cost <= 0.01 + 0.00016 + 1e-9,
+        "cost {cost} for a cap of $0.01"
+    );
+    assert!(cost > 0.009, "the cap was used, not refused early: {cost}");
+    h.shutdown().await;
+}

@@ -48,16 +48,19 @@ impl Budgets {
         Duration::from_millis(self.deadline_ms)
     }
 
-    /// Check ranges; returns the offending field and why.
-    pub fn validate(&self) -> Result<(), (&'static str, String)> {
+    /// Check ranges; the error names the offending field and says why.
+    pub fn validate(&self) -> Result<(), InvalidBudget> {
         fn range<T: PartialOrd + fmt::Display + Copy>(
             field: &'static str,
             v: T,
             lo: T,
             hi: T,
-        ) -> Result<(), (&'static str, String)> {
+        ) -> Result<(), InvalidBudget> {
             if v < lo || v > hi {
-                Err((field, format!("{v} is outside {lo}..={hi}")))
+                Err(InvalidBudget {
+                    field,
+                    reason: format!("{v} is outside {lo}..={hi}"),
+                })
             } else {
                 Ok(())
             }
@@ -88,12 +91,26 @@ impl Budgets {
             10_000_000,
         )?;
         if !self.max_cost_usd.is_finite() {
-            return Err(("budgets.max_cost_usd", "not a finite number".into()));
+            return Err(InvalidBudget {
+                field: "budgets.max_cost_usd",
+                reason: "not a finite number".into(),
+            });
         }
         range("budgets.max_cost_usd", self.max_cost_usd, 0.0, 10_000.0)?;
         range("budgets.deadline_ms", self.deadline_ms, 1, 24 * 3600 * 1000)?;
         Ok(())
     }
+}
+
+/// A budget out of range: which field and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid `{field}`: {reason}")]
+#[non_exhaustive]
+pub struct InvalidBudget {
+    /// The field (`budgets.max_turns`, …).
+    pub field: &'static str,
+    /// Why.
+    pub reason: String,
 }
 
 /// A budget's name, as it appears in events and terminal reasons.
@@ -268,12 +285,12 @@ mod tests {
             max_turns: 0,
             ..Budgets::default()
         };
-        assert_eq!(b.validate().unwrap_err().0, "budgets.max_turns");
+        assert_eq!(b.validate().unwrap_err().field, "budgets.max_turns");
         let b = Budgets {
             max_cost_usd: f64::NAN,
             ..Budgets::default()
         };
-        assert_eq!(b.validate().unwrap_err().0, "budgets.max_cost_usd");
+        assert_eq!(b.validate().unwrap_err().field, "budgets.max_cost_usd");
         assert!(Budgets::default().validate().is_ok());
     }
 

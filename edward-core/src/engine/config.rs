@@ -155,6 +155,12 @@ pub struct EngineConfig {
     /// lost hints, and the pace of live events written by another process
     /// whose notifier does not reach this one.
     pub tail_backstop: Duration,
+    /// Destroy the sandbox of a finished run this long after it finished
+    /// (`None`, the default: keep sandboxes until
+    /// [`Engine::destroy_sandbox`](super::Engine::destroy_sandbox)). Workers
+    /// do it; a worker starting up also reaps runs finished while no worker
+    /// was running.
+    pub sandbox_retention: Option<Duration>,
 }
 
 impl Default for EngineConfig {
@@ -172,6 +178,7 @@ impl Default for EngineConfig {
             model_attempts: 3,
             effect_channel: 256,
             tail_backstop: Duration::from_secs(1),
+            sandbox_retention: None,
         }
     }
 }

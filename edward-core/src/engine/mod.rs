@@ -43,6 +43,7 @@ mod effects;
 mod events;
 mod outcome;
 mod prompt;
+mod retention;
 mod run;
 mod sink;
 mod stream;
@@ -50,7 +51,7 @@ mod tail;
 mod worker;
 
 pub use backend::{Backend, MixedDurability};
-pub use budget::{BudgetKind, Budgets};
+pub use budget::{BudgetKind, Budgets, InvalidBudget};
 pub use config::{
     CommandPolicy, EngineConfig, MAX_ID_BYTES, MAX_PROMPT_BYTES, PackageManager, RunRequest,
 };
@@ -317,7 +318,7 @@ impl EngineBuilder {
         backend.durability()?;
         self.budgets
             .validate()
-            .map_err(|(field, reason)| BuildError::invalid(field, reason))?;
+            .map_err(|e| BuildError::invalid(e.field, e.reason))?;
         validate_config(&self.config)?;
         for (field, v) in [
             ("limits.global", self.limits.global),
@@ -466,7 +467,8 @@ impl Engine {
         }
         let budgets = req.budgets.unwrap_or(self.inner.budgets);
         if let Some(b) = &req.budgets {
-            b.validate().map_err(id)?;
+            b.validate()
+                .map_err(|e| SubmitError::invalid(e.field, e.reason))?;
         }
         if budgets.max_cost_usd > 0.0 {
             let model = req.model.as_deref().unwrap_or(&self.inner.default_model);

@@ -159,7 +159,8 @@ struct TurnReport {
     usage: Option<Usage>,
     done: bool,
     effects: EffectReport,
-    output_budget_hit: bool,
+    /// The budget whose cap cut the stream mid-turn (output tokens or cost).
+    budget_cut: Option<BudgetKind>,
 }
 
 /// Execute (or resume) a claimed run until it ends on this worker.
@@ -430,9 +431,21 @@ impl RunCtx {
             if turn > budgets.max_turns {
                 return self.finish_budget(BudgetKind::Turns, state).await;
             }
-            let remaining_out = budgets
-                .max_output_tokens
-                .saturating_sub(state.budget.output_tokens);
+            let (remaining_out, out_binding) = output_allowance(
+                budgets,
+                &state.budget,
+                self.inner.prices.get(model),
+                self.inner.model.estimate_input_tokens(&ModelRequest {
+                    model: model.to_string(),
+                    system: SYSTEM_PROMPT.to_string(),
+                    messages: state.messages.clone(),
+                    max_output_tokens: None,
+                    temperature: None,
+                }),
+            );
+            if remaining_out == 0 {
+                return self.finish_budget(out_binding, state).await;
+            }
             let request = ModelRequest {
                 model: model.to_string(),
                 system: SYSTEM_PROMPT.to_string(),
@@ -532,9 +545,15 @@ impl RunCtx {
             state.budget.turns = turn;
             state.budget.tool_calls += report.effects.tool_calls;
             state.budget.add_usage(&usage, cost);
-            if report.output_budget_hit {
-                state.budget.output_tokens =
-                    state.budget.output_tokens.max(budgets.max_output_tokens);
+            match report.budget_cut {
+                Some(BudgetKind::Cost) => {
+                    state.budget.cost_usd = state.budget.cost_usd.max(budgets.max_cost_usd)
+                }
+                Some(_) => {
+                    state.budget.output_tokens =
+                        state.budget.output_tokens.max(budgets.max_output_tokens)
+                }
+                None => {}
             }
             state.budget.elapsed_ms = elapsed_ms(state.started_at);
 
@@ -748,15 +767,19 @@ impl RunCtx {
             max_per_turn: budgets.max_tool_calls_per_turn,
             max_per_run: budgets.max_tool_calls_per_run,
         };
-        let out_budget = budgets
-            .max_output_tokens
-            .saturating_sub(state.budget.output_tokens);
+        let (out_budget, binding) = output_allowance(
+            budgets,
+            &state.budget,
+            self.inner.prices.get(&request.model),
+            self.inner.model.estimate_input_tokens(&request),
+        );
         let stream_side = self.stream(turn, request, tx, out_budget);
         let effect_side = effects.handle(rx);
         let (streamed, effected) = tokio::join!(stream_side, effect_side);
         // A handler failure explains a stream that stopped early, so it wins.
         let effects_report = effected?;
         let (output, usage, done, output_budget_hit) = streamed?;
+        let budget_cut = output_budget_hit.then_some(binding);
         // Turn end: everything pending goes to the sandbox now.
         target.flush().await?;
         Ok(TurnReport {
@@ -764,7 +787,7 @@ impl RunCtx {
             usage,
             done,
             effects: effects_report,
-            output_budget_hit,
+            budget_cut,
         })
     }
 
@@ -959,6 +982,32 @@ impl RunCtx {
             }
         }
         Ok(())
+    }
+}
+
+/// Output tokens the next call may produce, and the budget that bounds them:
+/// what is left of the output-token budget, or — for a priced model under a
+/// cost budget — the tokens the remaining money buys after the estimated
+/// input, whichever is smaller. The request asks the provider for at most
+/// this, and the stream is cut when the streamed estimate reaches it.
+fn output_allowance(
+    budgets: &Budgets,
+    used: &BudgetState,
+    price: Option<crate::pricing::ModelPrice>,
+    estimated_input: u64,
+) -> (u64, BudgetKind) {
+    let by_tokens = budgets.max_output_tokens.saturating_sub(used.output_tokens);
+    let Some(price) = price.filter(|p| budgets.max_cost_usd > 0.0 && p.output_per_mtok > 0.0)
+    else {
+        return (by_tokens, BudgetKind::OutputTokens);
+    };
+    let input_cost = estimated_input as f64 * price.input_per_mtok / 1_000_000.0;
+    let left = (budgets.max_cost_usd - used.cost_usd - input_cost).max(0.0);
+    let by_cost = (left * 1_000_000.0 / price.output_per_mtok).floor() as u64;
+    if by_cost < by_tokens {
+        (by_cost, BudgetKind::Cost)
+    } else {
+        (by_tokens, BudgetKind::OutputTokens)
     }
 }
 

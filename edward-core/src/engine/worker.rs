@@ -125,6 +125,7 @@ async fn worker_loop(inner: Arc<Inner>, cfg: WorkerConfig) {
         aux_stop.clone(),
     );
     let cancels = cancel_listener(inner.clone(), controls.clone(), aux_stop.clone());
+    let (retention, reaper) = super::retention::reaper(inner.clone(), aux_stop.clone());
     let main = async {
         let mut runs: JoinSet<()> = JoinSet::new();
         loop {
@@ -142,6 +143,7 @@ async fn worker_loop(inner: Arc<Inner>, cfg: WorkerConfig) {
                             lease,
                             controls.clone(),
                             registry.clone(),
+                            retention.clone(),
                         ));
                         continue;
                     }
@@ -162,7 +164,7 @@ async fn worker_loop(inner: Arc<Inner>, cfg: WorkerConfig) {
         while runs.join_next().await.is_some() {}
         aux_stop.cancel();
     };
-    tokio::join!(scheduler, cancels, main);
+    tokio::join!(scheduler, cancels, reaper, main);
 }
 
 async fn cancel_listener(inner: Arc<Inner>, controls: Controls, stop: CancellationToken) {
@@ -187,6 +189,7 @@ async fn run_task(
     lease: Lease,
     controls: Controls,
     registry: FlushRegistry,
+    retention: super::retention::RetentionHandle,
 ) {
     let run_id = lease.run_id;
     let control = Arc::new(RunControl::new());
@@ -260,6 +263,7 @@ async fn run_task(
             if let Err(e) = inner.queue.ack(&held).await {
                 tracing::warn!(%run_id, error = %e, "ack failed");
             }
+            retention.finished(run_id);
         }
         AttemptEnd::Abandoned => tracing::info!(%run_id, "run abandoned on this worker"),
         AttemptEnd::Retry(msg) => {
