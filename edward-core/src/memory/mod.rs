@@ -21,7 +21,7 @@ mod write_buffer;
 pub use lock::MemoryLock;
 pub use notifier::MemoryNotifier;
 pub use run_queue::MemoryRunQueue;
-pub use run_store::MemoryRunStore;
+pub use run_store::{MemoryRetention, MemoryRunStore};
 pub use web_search::NoWebSearch;
 pub use write_buffer::MemoryWriteBuffer;
 

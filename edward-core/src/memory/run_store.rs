@@ -51,9 +51,51 @@ use crate::types::{
 /// # Ok(())
 /// # }
 /// ```
+///
+/// **Retention.** Finished runs are kept for tailing and replay, but not
+/// forever: by default the newest [`MemoryRetention::DEFAULT_KEEP_FINISHED`]
+/// finished runs stay (older ones are forgotten: `get_run` gives `None`,
+/// `events_after` `NotFound`), and a finished run's checkpoint and
+/// side-effect records are dropped at once (nothing reads them after the
+/// terminal event). Set [`MemoryRunStore::with_retention`] to change it.
 #[derive(Debug, Default)]
 pub struct MemoryRunStore {
     state: Mutex<State>,
+}
+
+/// How many finished runs a [`MemoryRunStore`] keeps, and for how long.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct MemoryRetention {
+    /// Keep at most this many finished runs (the newest).
+    pub keep_finished: usize,
+    /// Forget a finished run this long after it finished (`None`: no age limit).
+    pub max_age: Option<std::time::Duration>,
+}
+
+impl MemoryRetention {
+    /// The default number of finished runs kept.
+    pub const DEFAULT_KEEP_FINISHED: usize = 1_000;
+
+    /// Keep the newest `keep_finished` finished runs, with no age limit.
+    pub fn keep(keep_finished: usize) -> Self {
+        MemoryRetention {
+            keep_finished,
+            max_age: None,
+        }
+    }
+
+    /// Also forget finished runs older than `max_age`.
+    pub fn with_max_age(mut self, max_age: std::time::Duration) -> Self {
+        self.max_age = Some(max_age);
+        self
+    }
+}
+
+impl Default for MemoryRetention {
+    fn default() -> Self {
+        MemoryRetention::keep(Self::DEFAULT_KEEP_FINISHED)
+    }
 }
 
 #[derive(Debug, Default)]
@@ -64,6 +106,9 @@ struct State {
     active_global: u32,
     active_per_user: HashMap<String, u32>,
     active_per_chat: HashMap<String, u32>,
+    /// Finished runs, oldest first, for retention.
+    finished: std::collections::VecDeque<(DateTime<Utc>, RunId)>,
+    retention: MemoryRetention,
 }
 
 #[derive(Debug)]
@@ -76,9 +121,26 @@ struct Entry {
 }
 
 impl MemoryRunStore {
-    /// An empty store.
+    /// An empty store with the default retention.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty store keeping finished runs as `retention` says.
+    pub fn with_retention(retention: MemoryRetention) -> Self {
+        let store = Self::default();
+        lock_state(&store.state).retention = retention;
+        store
+    }
+
+    /// How many runs (active and finished) the store holds.
+    pub fn len(&self) -> usize {
+        lock_state(&self.state).runs.len()
+    }
+
+    /// Whether the store holds no run.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 }
 
@@ -106,6 +168,27 @@ impl State {
             .entry(to)
             .or_default()
             .insert((created, run_id));
+    }
+
+    /// Forget the oldest finished runs beyond the retention policy.
+    fn enforce_retention(&mut self, now: DateTime<Utc>) {
+        let max_age = self
+            .retention
+            .max_age
+            .and_then(|d| chrono::TimeDelta::from_std(d).ok());
+        while let Some(&(finished_at, run_id)) = self.finished.front() {
+            let too_many = self.finished.len() > self.retention.keep_finished;
+            let too_old = max_age.is_some_and(|age| finished_at + age <= now);
+            if !too_many && !too_old {
+                break;
+            }
+            self.finished.pop_front();
+            if let Some(entry) = self.runs.remove(&run_id) {
+                if let Some(set) = self.by_status.get_mut(&entry.run.status) {
+                    set.remove(&(entry.run.created_at, run_id));
+                }
+            }
+        }
     }
 
     fn release_active(&mut self, user_id: &str, chat_id: &str) {
@@ -338,9 +421,14 @@ impl RunStore for MemoryRunStore {
         entry.run.terminal_reason = Some(reason.to_owned());
         let persisted = push_events(entry, events, now);
         entry.run.updated_at = now;
+        // Nothing reads these after the terminal event; they can be large.
+        entry.checkpoint = None;
+        entry.effects = HashMap::new();
         let (user_id, chat_id) = (entry.run.user_id.clone(), entry.run.chat_id.clone());
         state.set_status(run_id, from, status, created);
         state.release_active(&user_id, &chat_id);
+        state.finished.push_back((now, run_id));
+        state.enforce_retention(now);
         Ok(persisted)
     }
 
@@ -545,5 +633,88 @@ mod tests {
         assert!(state.by_status[&RunStatus::Queued].is_empty());
         assert!(state.by_status[&RunStatus::Running].is_empty());
         assert_eq!(state.by_status[&RunStatus::Cancelled].len(), 2);
+    }
+}
+
+#[cfg(test)]
+mod retention_tests {
+    use super::*;
+
+    fn new_run_for(user: &str) -> NewRun {
+        NewRun {
+            id: RunId::new(),
+            user_id: user.to_string(),
+            chat_id: user.to_string(),
+            request: serde_json::json!({}),
+            first_event: NewEvent::new("run_queued", serde_json::json!({})),
+        }
+    }
+
+    async fn finish_one(store: &MemoryRunStore, run_id: RunId) {
+        store
+            .finish_run(
+                run_id,
+                None,
+                RunStatus::Cancelled,
+                "test",
+                vec![NewEvent::new(RUN_FINISHED, serde_json::json!({}))],
+            )
+            .await
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn keeps_only_the_newest_finished_runs() {
+        let store = MemoryRunStore::with_retention(MemoryRetention::keep(2));
+        let mut ids = Vec::new();
+        for i in 0..5 {
+            let run = store
+                .admit(new_run_for(&format!("u{i}")), AdmissionLimits::default())
+                .await
+                .unwrap();
+            finish_one(&store, run.id).await;
+            ids.push(run.id);
+        }
+        let active = store
+            .admit(new_run_for("active"), AdmissionLimits::default())
+            .await
+            .unwrap();
+        assert_eq!(store.len(), 3, "two finished runs and the active one");
+        for old in &ids[..3] {
+            assert!(store.get_run(*old).await.unwrap().is_none());
+            assert!(matches!(
+                store.events_after(*old, 0, 10).await,
+                Err(StoreError::NotFound { .. })
+            ));
+        }
+        for kept in &ids[3..] {
+            assert_eq!(
+                store.events_after(*kept, 0, 10).await.unwrap().len(),
+                2,
+                "a kept run replays whole"
+            );
+        }
+        assert!(store.get_run(active.id).await.unwrap().is_some());
+        assert_eq!(
+            store
+                .list_runs(RunStatus::Cancelled, 100)
+                .await
+                .unwrap()
+                .len(),
+            2
+        );
+    }
+
+    #[tokio::test]
+    async fn forgets_finished_runs_past_their_age() {
+        let store = MemoryRunStore::with_retention(
+            MemoryRetention::keep(100).with_max_age(std::time::Duration::ZERO),
+        );
+        let first = store
+            .admit(new_run_for("a"), AdmissionLimits::default())
+            .await
+            .unwrap();
+        finish_one(&store, first.id).await;
+        assert!(store.get_run(first.id).await.unwrap().is_none());
     }
 }
