@@ -121,6 +121,15 @@ impl Mode {
     }
 }
 
+impl Mode {
+    /// Whether only closers (`</…`) mean something here: then only `</`
+    /// (or a `<` ending the chunk) needs a look.
+    #[inline]
+    fn closers_only(self) -> bool {
+        matches!(self, Mode::File | Mode::SkipFile)
+    }
+}
+
 /// Longest name in [`NAMES`].
 const MAX_NAME: usize = 18;
 
@@ -328,8 +337,26 @@ fn find_lt(hay: &[u8]) -> Option<usize> {
         .map(|i| offset + i)
 }
 
+/// Where a `<` that can start a closer may be in `hay`: the first `</`, or a
+/// `<` that is the last byte (its `/` may come in the next chunk). Content
+/// of files is mostly code, full of `<` but with few `</`: one `memmem` pass
+/// stops far less often than a scan for every `<`.
+#[inline]
+fn find_closer_lt(hay: &[u8]) -> Option<usize> {
+    static CLOSER: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+        std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"</"));
+    if hay.len() < 64 {
+        // short chunks (streamed tokens): memmem's setup costs more than a look at each `<`
+        return find_lt(hay);
+    }
+    CLOSER
+        .find(hay)
+        .or_else(|| (hay.last() == Some(&b'<')).then(|| hay.len() - 1))
+}
+
 /// `s[a..b]`, or `""` if that is not a valid slice (never happens for the
 /// offsets the parser computes: they are at ASCII bytes or char boundaries).
+#[inline]
 fn sub(s: &str, a: usize, b: usize) -> &str {
     s.get(a..b).unwrap_or("")
 }
@@ -524,14 +551,28 @@ impl Parser {
         let bytes = s.as_bytes();
         let mut start = 0; // start of content not yet emitted
         let mut pos = 0; // where to look for the next `<`
+        // The mode changes only at a tag; what to look for is computed then.
+        let mut tags = None;
+        let mut closers_only = self.mode.closers_only();
         loop {
-            let Some(off) = find_lt(bytes.get(pos..).unwrap_or(&[])) else {
-                let consumed = self.content(sub(s, start, s.len()), out);
-                return sub(s, start + consumed, s.len());
+            let hay = bytes.get(pos..).unwrap_or(&[]);
+            let found = if closers_only {
+                find_closer_lt(hay)
+            } else {
+                find_lt(hay)
+            };
+            let Some(off) = found else {
+                let rest = sub(s, start, s.len());
+                let consumed = self.content(rest, out);
+                return if consumed == rest.len() {
+                    ""
+                } else {
+                    sub(rest, consumed, rest.len())
+                };
             };
             let lt = pos + off;
-            let mask = self.mode.tags();
             let after = bytes.get(lt + 1..).unwrap_or(&[]);
+            let mask = *tags.get_or_insert_with(|| self.mode.tags());
             if !could_start(mask, after) {
                 pos = lt + 1;
                 continue;
@@ -559,6 +600,8 @@ impl Parser {
                 Outcome::TooLong => self.too_long(sub(s, lt, end), out),
                 Outcome::Reject => {}
             }
+            tags = None;
+            closers_only = self.mode.closers_only();
             start = end;
             pos = end;
         }
@@ -638,7 +681,7 @@ impl Parser {
     /// Emit content in the current mode. Returns how much was taken: all of
     /// it, except when an install body reaches its limit (the install is then
     /// closed and the rest belongs to the enclosing state).
-    #[inline]
+    #[inline(always)]
     fn content(&mut self, s: &str, out: &mut impl FnMut(EventRef<'_>)) -> usize {
         if s.is_empty() {
             return 0;
@@ -647,24 +690,36 @@ impl Parser {
             Mode::Text | Mode::Sandbox => out(EventRef::Text { content: s }),
             Mode::Thinking => out(EventRef::ThinkingContent { content: s }),
             Mode::File if self.file.is_plain() => out(EventRef::FileContent { content: s }),
-            Mode::File => self.file.push(s, out),
+            Mode::File => self.file_content(s, out),
             Mode::SkipFile => self.skipped += s.len() as u64,
-            Mode::Install { .. } => {
-                let room = MAX_INSTALL_BODY.saturating_sub(self.install_body.len());
-                if s.len() <= room {
-                    self.install_body.push_str(s);
-                } else {
-                    let cut = floor_char_boundary(s, room);
-                    self.install_body.push_str(sub(s, 0, cut));
-                    self.close_install(
-                        Some("a body longer than 16384 bytes (the rest is read as text)"),
-                        out,
-                    );
-                    return cut;
-                }
-            }
+            Mode::Install { .. } => return self.install_content(s, out),
         }
         s.len()
+    }
+
+    /// [`Parser::content`] of a file whose content is being shaped (kept out
+    /// of line: the inlined hot path is plain content).
+    #[inline(never)]
+    fn file_content(&mut self, s: &str, out: &mut impl FnMut(EventRef<'_>)) {
+        self.file.push(s, out);
+    }
+
+    /// [`Parser::content`] of an install body.
+    #[inline(never)]
+    fn install_content(&mut self, s: &str, out: &mut impl FnMut(EventRef<'_>)) -> usize {
+        let room = MAX_INSTALL_BODY.saturating_sub(self.install_body.len());
+        if s.len() <= room {
+            self.install_body.push_str(s);
+            s.len()
+        } else {
+            let cut = floor_char_boundary(s, room);
+            self.install_body.push_str(sub(s, 0, cut));
+            self.close_install(
+                Some("a body longer than 16384 bytes (the rest is read as text)"),
+                out,
+            );
+            cut
+        }
     }
 
     /// A complete tag `text` (from `<` to `>`) whose name is `NAMES[entry]`.
@@ -1066,6 +1121,46 @@ mod tests {
                 v[k] = b'a';
             }
         }
+    }
+
+    #[test]
+    fn find_closer_lt_stops_at_every_possible_closer() {
+        // the first `</`, or a final `<`; short haystacks fall back to every `<`
+        let reference = |hay: &[u8]| {
+            (0..hay.len()).find(|&i| hay[i] == b'<' && hay.get(i + 1).is_none_or(|&b| b == b'/'))
+        };
+        let mut rng = 0x2545_f491_4f6c_dd1du64;
+        for len in [0, 1, 2, 31, 63, 64, 65, 100, 1000] {
+            for _ in 0..200 {
+                let hay: Vec<u8> = (0..len)
+                    .map(|_| {
+                        rng ^= rng << 13;
+                        rng ^= rng >> 7;
+                        rng ^= rng << 17;
+                        [b'<', b'/', b'a', b'>'][(rng % 4) as usize]
+                    })
+                    .collect();
+                let expected = if len < 64 {
+                    find_lt(&hay)
+                } else {
+                    reference(&hay)
+                };
+                assert_eq!(
+                    find_closer_lt(&hay),
+                    expected,
+                    "{:?}",
+                    String::from_utf8_lossy(&hay)
+                );
+            }
+        }
+        let mut long = vec![b'a'; 200];
+        long[199] = b'<';
+        assert_eq!(find_closer_lt(&long), Some(199));
+        long[50] = b'<';
+        assert_eq!(find_closer_lt(&long), Some(199));
+        long[120] = b'/';
+        long[119] = b'<';
+        assert_eq!(find_closer_lt(&long), Some(119));
     }
 
     #[test]
