@@ -104,28 +104,9 @@ pub enum Event {
 impl Event {
     /// The `type` string of the JSON form.
     pub fn kind(&self) -> &'static str {
-        match self {
-            Event::Text { .. } => "text",
-            Event::ThinkingStart => "thinking_start",
-            Event::ThinkingContent { .. } => "thinking_content",
-            Event::ThinkingEnd => "thinking_end",
-            Event::SandboxStart { .. } => "sandbox_start",
-            Event::SandboxEnd => "sandbox_end",
-            Event::FileStart { .. } => "file_start",
-            Event::FileContent { .. } => "file_content",
-            Event::FileEnd => "file_end",
-            Event::InstallStart => "install_start",
-            Event::InstallContent { .. } => "install_content",
-            Event::InstallEnd => "install_end",
-            Event::Command { .. } => "command",
-            Event::WebSearch { .. } => "web_search",
-            Event::Done => "done",
-            Event::Error { .. } => "error",
-        }
+        self.as_event_ref().kind()
     }
-}
 
-impl Event {
     /// The JSON form of PROTOCOL.md §7 (`type` first, optional fields
     /// omitted), byte-identical to what `serde_json` produces with the `serde`
     /// feature, but always available.
@@ -136,12 +117,257 @@ impl Event {
     /// assert_eq!(e.to_json(), r#"{"type":"file_start","path":"src/\"a\".ts"}"#);
     /// ```
     pub fn to_json(&self) -> String {
+        self.as_event_ref().to_json()
+    }
+
+    /// Append [`Event::to_json`]'s output to `out` (no newline).
+    pub fn write_json(&self, out: &mut String) {
+        self.as_event_ref().write_json(out);
+    }
+
+    /// The same event, borrowed.
+    pub fn as_event_ref(&self) -> EventRef<'_> {
+        match self {
+            Event::Text { content } => EventRef::Text { content },
+            Event::ThinkingStart => EventRef::ThinkingStart,
+            Event::ThinkingContent { content } => EventRef::ThinkingContent { content },
+            Event::ThinkingEnd => EventRef::ThinkingEnd,
+            Event::SandboxStart { project, base } => EventRef::SandboxStart {
+                project: project.as_deref(),
+                base: base.as_deref(),
+            },
+            Event::SandboxEnd => EventRef::SandboxEnd,
+            Event::FileStart { path } => EventRef::FileStart { path },
+            Event::FileContent { content } => EventRef::FileContent { content },
+            Event::FileEnd => EventRef::FileEnd,
+            Event::InstallStart => EventRef::InstallStart,
+            Event::InstallContent {
+                dependencies,
+                framework,
+            } => EventRef::InstallContent {
+                dependencies,
+                framework: framework.as_deref(),
+            },
+            Event::InstallEnd => EventRef::InstallEnd,
+            Event::Command { command, args } => EventRef::Command { command, args },
+            Event::WebSearch { query, max_results } => EventRef::WebSearch {
+                query,
+                max_results: *max_results,
+            },
+            Event::Done => EventRef::Done,
+            Event::Error {
+                code,
+                message,
+                severity,
+                skipped_bytes,
+            } => EventRef::Error {
+                code: *code,
+                message,
+                severity: *severity,
+                skipped_bytes: *skipped_bytes,
+            },
+        }
+    }
+}
+
+/// One event of the parser's output, borrowed: what
+/// [`Parser::feed_with`](crate::Parser::feed_with) hands to its callback.
+///
+/// The same variants and fields as [`Event`], with `&str` and `&[String]`
+/// instead of owned values. Content (`text`, `thinking_content`,
+/// `file_content`) borrows from the chunk being fed wherever its bytes are
+/// contiguous there; only bytes the parser held across chunks (a tag
+/// candidate, a fence window) come from the parser's own buffers. Nothing is
+/// allocated to emit content. [`EventRef::to_event`] makes the owned form.
+///
+/// ```
+/// use edward_parser::{Event, EventRef, Parser};
+///
+/// let chunk = "hello <edward_done/>";
+/// let mut parser = Parser::new();
+/// let mut seen = Vec::new();
+/// parser.feed_with(chunk, |e| {
+///     if let EventRef::Text { content } = e {
+///         // a slice of `chunk` itself, not a copy
+///         assert_eq!(content.as_ptr(), chunk.as_ptr());
+///     }
+///     seen.push(e.to_event());
+/// });
+/// assert_eq!(seen, [Event::Text { content: "hello ".into() }, Event::Done]);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventRef<'a> {
+    /// Plain text outside any scope (or between files inside a sandbox).
+    Text {
+        /// The text.
+        content: &'a str,
+    },
+    /// `<Thinking>` opened.
+    ThinkingStart,
+    /// Text inside `<Thinking>`.
+    ThinkingContent {
+        /// The text.
+        content: &'a str,
+    },
+    /// `<Thinking>` closed (explicitly or implicitly).
+    ThinkingEnd,
+    /// `<edward_sandbox>` opened.
+    SandboxStart {
+        /// The `project` attribute, passed through.
+        project: Option<&'a str>,
+        /// The `base` attribute, passed through.
+        base: Option<&'a str>,
+    },
+    /// `<edward_sandbox>` closed.
+    SandboxEnd,
+    /// `<file path="…">` opened with a valid path.
+    FileStart {
+        /// The normalised path (PROTOCOL.md §4).
+        path: &'a str,
+    },
+    /// Bytes of the current file's content.
+    FileContent {
+        /// The content, verbatim.
+        content: &'a str,
+    },
+    /// The current file ended.
+    FileEnd,
+    /// `<edward_install>` opened.
+    InstallStart,
+    /// The parsed body of an install block.
+    InstallContent {
+        /// Valid, de-duplicated package specs.
+        dependencies: &'a [String],
+        /// The framework, lower-cased, when the body named one.
+        framework: Option<&'a str>,
+    },
+    /// The install block ended.
+    InstallEnd,
+    /// `<edward_command …/>`.
+    Command {
+        /// The program to run.
+        command: &'a str,
+        /// Its arguments.
+        args: &'a [String],
+    },
+    /// `<edward_web_search …/>`.
+    WebSearch {
+        /// The query.
+        query: &'a str,
+        /// Result count, clamped to 1..=8 (default 5).
+        max_results: u8,
+    },
+    /// `<edward_done/>`: the model says the task is finished.
+    Done,
+    /// Something in the stream broke the protocol.
+    Error {
+        /// What went wrong.
+        code: ErrorCode,
+        /// A human-readable explanation.
+        message: &'a str,
+        /// Whether parsing continued.
+        severity: Severity,
+        /// Input bytes that were consumed without being emitted elsewhere.
+        skipped_bytes: Option<u64>,
+    },
+}
+
+impl EventRef<'_> {
+    /// The owned form.
+    pub fn to_event(&self) -> Event {
+        match *self {
+            EventRef::Text { content } => Event::Text {
+                content: content.to_string(),
+            },
+            EventRef::ThinkingStart => Event::ThinkingStart,
+            EventRef::ThinkingContent { content } => Event::ThinkingContent {
+                content: content.to_string(),
+            },
+            EventRef::ThinkingEnd => Event::ThinkingEnd,
+            EventRef::SandboxStart { project, base } => Event::SandboxStart {
+                project: project.map(str::to_string),
+                base: base.map(str::to_string),
+            },
+            EventRef::SandboxEnd => Event::SandboxEnd,
+            EventRef::FileStart { path } => Event::FileStart {
+                path: path.to_string(),
+            },
+            EventRef::FileContent { content } => Event::FileContent {
+                content: content.to_string(),
+            },
+            EventRef::FileEnd => Event::FileEnd,
+            EventRef::InstallStart => Event::InstallStart,
+            EventRef::InstallContent {
+                dependencies,
+                framework,
+            } => Event::InstallContent {
+                dependencies: dependencies.to_vec(),
+                framework: framework.map(str::to_string),
+            },
+            EventRef::InstallEnd => Event::InstallEnd,
+            EventRef::Command { command, args } => Event::Command {
+                command: command.to_string(),
+                args: args.to_vec(),
+            },
+            EventRef::WebSearch { query, max_results } => Event::WebSearch {
+                query: query.to_string(),
+                max_results,
+            },
+            EventRef::Done => Event::Done,
+            EventRef::Error {
+                code,
+                message,
+                severity,
+                skipped_bytes,
+            } => Event::Error {
+                code,
+                message: message.to_string(),
+                severity,
+                skipped_bytes,
+            },
+        }
+    }
+
+    /// The content of a `text`, `thinking_content` or `file_content` event.
+    pub fn content(&self) -> Option<&str> {
+        match self {
+            EventRef::Text { content }
+            | EventRef::ThinkingContent { content }
+            | EventRef::FileContent { content } => Some(content),
+            _ => None,
+        }
+    }
+
+    /// The `type` string of the JSON form.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            EventRef::Text { .. } => "text",
+            EventRef::ThinkingStart => "thinking_start",
+            EventRef::ThinkingContent { .. } => "thinking_content",
+            EventRef::ThinkingEnd => "thinking_end",
+            EventRef::SandboxStart { .. } => "sandbox_start",
+            EventRef::SandboxEnd => "sandbox_end",
+            EventRef::FileStart { .. } => "file_start",
+            EventRef::FileContent { .. } => "file_content",
+            EventRef::FileEnd => "file_end",
+            EventRef::InstallStart => "install_start",
+            EventRef::InstallContent { .. } => "install_content",
+            EventRef::InstallEnd => "install_end",
+            EventRef::Command { .. } => "command",
+            EventRef::WebSearch { .. } => "web_search",
+            EventRef::Done => "done",
+            EventRef::Error { .. } => "error",
+        }
+    }
+
+    /// The JSON form of PROTOCOL.md §7, as [`Event::to_json`].
+    pub fn to_json(&self) -> String {
         let mut out = String::with_capacity(64);
         self.write_json(&mut out);
         out
     }
 
-    /// Append [`Event::to_json`]'s output to `out` (no newline).
+    /// Append [`EventRef::to_json`]'s output to `out` (no newline).
     pub fn write_json(&self, out: &mut String) {
         use crate::json::write_json_string as string;
         out.push_str("{\"type\":\"");
@@ -152,21 +378,21 @@ impl Event {
             out.push_str(name);
             out.push_str("\":");
         };
-        match self {
-            Event::Text { content }
-            | Event::ThinkingContent { content }
-            | Event::FileContent { content } => {
+        match *self {
+            EventRef::Text { content }
+            | EventRef::ThinkingContent { content }
+            | EventRef::FileContent { content } => {
                 field(out, "content");
                 string(out, content);
             }
-            Event::ThinkingStart
-            | Event::ThinkingEnd
-            | Event::SandboxEnd
-            | Event::FileEnd
-            | Event::InstallStart
-            | Event::InstallEnd
-            | Event::Done => {}
-            Event::SandboxStart { project, base } => {
+            EventRef::ThinkingStart
+            | EventRef::ThinkingEnd
+            | EventRef::SandboxEnd
+            | EventRef::FileEnd
+            | EventRef::InstallStart
+            | EventRef::InstallEnd
+            | EventRef::Done => {}
+            EventRef::SandboxStart { project, base } => {
                 if let Some(project) = project {
                     field(out, "project");
                     string(out, project);
@@ -176,11 +402,11 @@ impl Event {
                     string(out, base);
                 }
             }
-            Event::FileStart { path } => {
+            EventRef::FileStart { path } => {
                 field(out, "path");
                 string(out, path);
             }
-            Event::InstallContent {
+            EventRef::InstallContent {
                 dependencies,
                 framework,
             } => {
@@ -191,19 +417,19 @@ impl Event {
                     string(out, framework);
                 }
             }
-            Event::Command { command, args } => {
+            EventRef::Command { command, args } => {
                 field(out, "command");
                 string(out, command);
                 field(out, "args");
                 string_array(out, args);
             }
-            Event::WebSearch { query, max_results } => {
+            EventRef::WebSearch { query, max_results } => {
                 field(out, "query");
                 string(out, query);
                 field(out, "max_results");
                 out.push_str(&max_results.to_string());
             }
-            Event::Error {
+            EventRef::Error {
                 code,
                 message,
                 severity,
@@ -222,6 +448,24 @@ impl Event {
             }
         }
         out.push('}');
+    }
+}
+
+impl From<EventRef<'_>> for Event {
+    fn from(e: EventRef<'_>) -> Event {
+        e.to_event()
+    }
+}
+
+impl PartialEq<Event> for EventRef<'_> {
+    fn eq(&self, other: &Event) -> bool {
+        *self == other.as_event_ref()
+    }
+}
+
+impl PartialEq<EventRef<'_>> for Event {
+    fn eq(&self, other: &EventRef<'_>) -> bool {
+        self.as_event_ref() == *other
     }
 }
 

@@ -2,7 +2,7 @@
 //! tag, drop a code-fence pair, change nothing else. Chunk-invariant by
 //! construction: every stage accepts its input split anywhere.
 
-use crate::Event;
+use crate::EventRef;
 
 /// Longest opening fence line (```` ``` ```` + language word + line end), in bytes.
 pub const MAX_FENCE_LINE: usize = 64;
@@ -120,11 +120,9 @@ impl Default for FileFilter {
 }
 
 #[inline]
-fn emit(out: &mut Vec<Event>, s: &str) {
+fn emit(out: &mut impl FnMut(EventRef<'_>), s: &str) {
     if !s.is_empty() {
-        out.push(Event::FileContent {
-            content: s.to_string(),
-        });
+        out(EventRef::FileContent { content: s });
     }
 }
 
@@ -151,7 +149,7 @@ impl FileFilter {
     }
 
     /// More content of the current file.
-    pub(crate) fn push(&mut self, mut s: &str, out: &mut Vec<Event>) {
+    pub(crate) fn push(&mut self, mut s: &str, out: &mut impl FnMut(EventRef<'_>)) {
         while !s.is_empty() {
             match self.stage {
                 Stage::Start => {
@@ -246,7 +244,7 @@ impl FileFilter {
         }
     }
 
-    fn push_committed(&mut self, s: &str, out: &mut Vec<Event>) {
+    fn push_committed(&mut self, s: &str, out: &mut impl FnMut(EventRef<'_>)) {
         if s.is_empty() {
             return;
         }
@@ -270,7 +268,7 @@ impl FileFilter {
     }
 
     /// The file ended (by its closer, an implicit close or the end of the stream).
-    pub(crate) fn finish(&mut self, out: &mut Vec<Event>) {
+    pub(crate) fn finish(&mut self, out: &mut impl FnMut(EventRef<'_>)) {
         match self.stage {
             Stage::Start | Stage::Plain => {}
             Stage::StartCr => emit(out, "\r"),
@@ -305,17 +303,16 @@ mod tests {
 
     fn shape(pieces: &[&str]) -> String {
         let mut f = FileFilter::default();
-        let mut out = Vec::new();
+        let mut out = String::new();
+        let mut sink = |e: EventRef<'_>| match e {
+            EventRef::FileContent { content } => out.push_str(content),
+            _ => out.push('?'),
+        };
         for p in pieces {
-            f.push(p, &mut out);
+            f.push(p, &mut sink);
         }
-        f.finish(&mut out);
-        out.iter()
-            .map(|e| match e {
-                Event::FileContent { content } => content.as_str(),
-                _ => "?",
-            })
-            .collect()
+        f.finish(&mut sink);
+        out
     }
 
     /// Every way of cutting `s` in up to three pieces gives `expected`.
@@ -400,7 +397,7 @@ mod tests {
     #[test]
     fn buffered_is_bounded() {
         let mut f = FileFilter::default();
-        let mut out = Vec::new();
+        let mut out = |_: EventRef<'_>| {};
         f.push("```rust\n", &mut out);
         for _ in 0..1000 {
             f.push("let x = 1;\n``", &mut out);

@@ -1,8 +1,11 @@
 //! Streaming parser for the Edward tag protocol (docs/PROTOCOL.md).
 //!
-//! Feed `&str` chunks with [`Parser::feed`], end with [`Parser::finish`].
+//! Feed `&str` chunks with [`Parser::feed_with`] (events borrowed, handed to
+//! a closure: no allocation per event) or [`Parser::feed`] (owned events
+//! pushed to a `Vec`), end with [`Parser::finish_with`] / [`Parser::finish`].
 //! The parser does no I/O, is not async, never panics, and gives the same
-//! events (after [`merge_content`]) for every chunking of a stream.
+//! events (after [`merge_content`]) for every chunking of a stream, through
+//! either API.
 //!
 //! ```
 //! use edward_parser::{merge_content, Event, Parser};
@@ -39,7 +42,7 @@ pub mod json;
 mod parser;
 pub mod path;
 
-pub use event::{ErrorCode, Event, Severity};
+pub use event::{ErrorCode, Event, EventRef, Severity};
 pub use file::{FENCE_WINDOW, MAX_FENCE_LINE};
 pub use install::{InstallBody, parse_install_body};
 pub use parser::{
@@ -53,15 +56,39 @@ pub use path::{PathError, normalize_path};
 #[doc(hidden)]
 pub use memchr as __memchr;
 
-/// Parse a whole stream at once: [`Parser::feed`] + [`Parser::finish`], then
-/// [`merge_content`]. This is the canonical event sequence that every chunking
-/// of `input` reproduces.
+/// Parse a whole stream at once, with adjacent content events merged as
+/// [`merge_content`] does (merged as they come, so no unmerged list is ever
+/// built). This is the canonical event sequence that every chunking of
+/// `input` reproduces.
 pub fn parse_all(input: &str) -> Vec<Event> {
     let mut parser = Parser::new();
     let mut events = Vec::new();
-    parser.feed(input, &mut events);
-    parser.finish(&mut events);
-    merge_content(events)
+    let mut push = |e: EventRef<'_>| push_merged(&mut events, e);
+    parser.feed_with(input, &mut push);
+    parser.finish_with(&mut push);
+    events
+}
+
+/// Push `event` to `events`, appending its content to the last event instead
+/// when both are content of the same kind ([`merge_content`], one at a time).
+///
+/// ```
+/// use edward_parser::{push_merged, Event, EventRef};
+/// let mut events = Vec::new();
+/// push_merged(&mut events, EventRef::Text { content: "a" });
+/// push_merged(&mut events, EventRef::Text { content: "b" });
+/// push_merged(&mut events, EventRef::Done);
+/// assert_eq!(events, [Event::Text { content: "ab".into() }, Event::Done]);
+/// ```
+pub fn push_merged(events: &mut Vec<Event>, event: EventRef<'_>) {
+    match (events.last_mut(), event) {
+        (Some(Event::Text { content: a }), EventRef::Text { content: b })
+        | (Some(Event::ThinkingContent { content: a }), EventRef::ThinkingContent { content: b })
+        | (Some(Event::FileContent { content: a }), EventRef::FileContent { content: b }) => {
+            a.push_str(b);
+        }
+        (_, event) => events.push(event.to_event()),
+    }
 }
 
 /// Concatenate adjacent content events of the same kind (`text`,

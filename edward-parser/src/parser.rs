@@ -9,7 +9,7 @@ use crate::file::{FENCE_WINDOW, FileFilter, MAX_FENCE_LINE};
 use crate::install::{MAX_DEPENDENCIES, parse_install_body};
 use crate::json::parse_string_array;
 use crate::path::normalize_path;
-use crate::{ErrorCode, Event, Severity};
+use crate::{ErrorCode, Event, EventRef, Severity};
 
 /// Longest tag, from `<` to `>` inclusive, in bytes. A longer tag candidate is
 /// not a tag: its bytes are content, with a `tag_too_long` error.
@@ -118,6 +118,15 @@ impl Mode {
                 O_FILE | ACTIONS | C_INSTALL | C_DROPPED | if in_sandbox { C_SANDBOX } else { 0 }
             }
         }
+    }
+}
+
+impl Mode {
+    /// Whether only closers (`</…`) mean something here: then only `</`
+    /// (or a `<` ending the chunk) needs a look.
+    #[inline]
+    fn closers_only(self) -> bool {
+        matches!(self, Mode::File | Mode::SkipFile)
     }
 }
 
@@ -328,8 +337,26 @@ fn find_lt(hay: &[u8]) -> Option<usize> {
         .map(|i| offset + i)
 }
 
+/// Where a `<` that can start a closer may be in `hay`: the first `</`, or a
+/// `<` that is the last byte (its `/` may come in the next chunk). Content
+/// of files is mostly code, full of `<` but with few `</`: one `memmem` pass
+/// stops far less often than a scan for every `<`.
+#[inline]
+fn find_closer_lt(hay: &[u8]) -> Option<usize> {
+    static CLOSER: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+        std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"</"));
+    if hay.len() < 64 {
+        // short chunks (streamed tokens): memmem's setup costs more than a look at each `<`
+        return find_lt(hay);
+    }
+    CLOSER
+        .find(hay)
+        .or_else(|| (hay.last() == Some(&b'<')).then(|| hay.len() - 1))
+}
+
 /// `s[a..b]`, or `""` if that is not a valid slice (never happens for the
 /// offsets the parser computes: they are at ASCII bytes or char boundaries).
+#[inline]
 fn sub(s: &str, a: usize, b: usize) -> &str {
     s.get(a..b).unwrap_or("")
 }
@@ -343,21 +370,47 @@ fn floor_char_boundary(s: &str, at: usize) -> usize {
     i
 }
 
-fn error(code: ErrorCode, message: String) -> Event {
-    Event::Error {
+/// Emit a recoverable error without skipped bytes.
+fn error(out: &mut impl FnMut(EventRef<'_>), code: ErrorCode, message: &str) {
+    out(EventRef::Error {
         code,
         message,
         severity: Severity::Recoverable,
         skipped_bytes: None,
-    }
+    });
 }
 
 /// The streaming parser.
 ///
-/// Feed chunks with [`Parser::feed`], end with [`Parser::finish`]; events are
-/// pushed to the caller's `Vec` (reuse it, clearing it between calls, to avoid
-/// allocations). For every cutting of a stream into chunks the events are the
-/// same once adjacent content events are concatenated ([`crate::merge_content`]).
+/// Two ways to get the events, the same events either way:
+///
+/// - **Borrowing** (the fast one): [`Parser::feed_with`] and
+///   [`Parser::finish_with`] call a closure with each [`EventRef`]. Content
+///   is a slice of the chunk wherever its bytes are contiguous in it; nothing
+///   is allocated per event and nothing is collected, so feeding a whole
+///   input at once holds no more memory than feeding it in chunks.
+/// - **Owned**: [`Parser::feed`] and [`Parser::finish`] push [`Event`]s to the
+///   caller's `Vec` (reuse it, clearing it between calls). A thin layer over
+///   the borrowing API ([`EventRef::to_event`] of each event).
+///
+/// For every cutting of a stream into chunks the events are the same once
+/// adjacent content events are concatenated ([`crate::merge_content`]).
+///
+/// ```
+/// use edward_parser::{EventRef, Parser};
+///
+/// let mut parser = Parser::new();
+/// let mut file = String::new();
+/// let mut on_event = |e: EventRef<'_>| {
+///     if let EventRef::FileContent { content } = e {
+///         file.push_str(content); // straight from the chunk
+///     }
+/// };
+/// parser.feed_with("<edward_sandbox><file path=\"a.txt\">\nhi <", &mut on_event);
+/// parser.feed_with("b>\n</file></edward_sandbox>", &mut on_event);
+/// parser.finish_with(&mut on_event);
+/// assert_eq!(file, "hi <b>\n");
+/// ```
 ///
 /// ```
 /// use edward_parser::{Event, Parser};
@@ -413,8 +466,33 @@ impl Parser {
         self.hold.len() + self.file.buffered_len() + self.install_body.len()
     }
 
-    /// Feed the next chunk of the stream; events are pushed to `out`.
+    /// Feed the next chunk of the stream; each event is passed to `on_event`,
+    /// borrowed (from `chunk` where its bytes are contiguous there, otherwise
+    /// from the parser's own hold-back buffer), in stream order.
+    pub fn feed_with<F: FnMut(EventRef<'_>)>(&mut self, chunk: &str, mut on_event: F) {
+        self.feed_into(chunk, &mut on_event);
+    }
+
+    /// End the stream as [`Parser::finish`] does, passing each event to
+    /// `on_event`. The parser is then ready for a new stream.
+    pub fn finish_with<F: FnMut(EventRef<'_>)>(&mut self, mut on_event: F) {
+        self.finish_into(&mut on_event);
+    }
+
+    /// Feed the next chunk of the stream; events are pushed to `out` (owned:
+    /// [`Parser::feed_with`] does not allocate per event).
     pub fn feed(&mut self, chunk: &str, out: &mut Vec<Event>) {
+        self.feed_into(chunk, &mut |e: EventRef<'_>| out.push(e.to_event()));
+    }
+
+    /// End the stream: held text is flushed as content, then every open scope
+    /// is closed in the order file, sandbox, thinking, install, each with its
+    /// recoverable `unclosed_*` error. The parser is then ready for a new stream.
+    pub fn finish(&mut self, out: &mut Vec<Event>) {
+        self.finish_into(&mut |e: EventRef<'_>| out.push(e.to_event()));
+    }
+
+    fn feed_into(&mut self, chunk: &str, out: &mut impl FnMut(EventRef<'_>)) {
         let mut rest = chunk;
         while !rest.is_empty() {
             rest = if self.cand.is_some() {
@@ -425,10 +503,7 @@ impl Parser {
         }
     }
 
-    /// End the stream: held text is flushed as content, then every open scope
-    /// is closed in the order file, sandbox, thinking, install, each with its
-    /// recoverable `unclosed_*` error. The parser is then ready for a new stream.
-    pub fn finish(&mut self, out: &mut Vec<Event>) {
+    fn finish_into(&mut self, out: &mut impl FnMut(EventRef<'_>)) {
         if self.cand.take().is_some() {
             // An unfinished tag is not a tag.
             let held = std::mem::take(&mut self.hold);
@@ -443,11 +518,12 @@ impl Parser {
             }
             Mode::Sandbox => self.close_sandbox_at_end(out),
             Mode::Thinking => {
-                out.push(error(
+                error(
+                    out,
                     ErrorCode::UnclosedThinking,
-                    "<Thinking> was not closed before the end of the stream".into(),
-                ));
-                out.push(Event::ThinkingEnd);
+                    "<Thinking> was not closed before the end of the stream",
+                );
+                out(EventRef::ThinkingEnd);
             }
             Mode::Install { in_sandbox } => {
                 if in_sandbox {
@@ -460,28 +536,43 @@ impl Parser {
     }
 
     /// The sandbox part of [`Parser::finish`] (the mode is reset by the caller).
-    fn close_sandbox_at_end(&mut self, out: &mut Vec<Event>) {
-        out.push(error(
+    fn close_sandbox_at_end(&mut self, out: &mut impl FnMut(EventRef<'_>)) {
+        error(
+            out,
             ErrorCode::UnclosedSandbox,
-            "<edward_sandbox> was not closed before the end of the stream".into(),
-        ));
-        out.push(Event::SandboxEnd);
+            "<edward_sandbox> was not closed before the end of the stream",
+        );
+        out(EventRef::SandboxEnd);
     }
 
     /// Scan `s` with no candidate pending. Returns what is left to feed (non-empty
     /// only when an install body overflowed and the rest must be read in the new state).
-    fn scan<'a>(&mut self, s: &'a str, out: &mut Vec<Event>) -> &'a str {
+    fn scan<'a>(&mut self, s: &'a str, out: &mut impl FnMut(EventRef<'_>)) -> &'a str {
         let bytes = s.as_bytes();
         let mut start = 0; // start of content not yet emitted
         let mut pos = 0; // where to look for the next `<`
+        // The mode changes only at a tag; what to look for is computed then.
+        let mut tags = None;
+        let mut closers_only = self.mode.closers_only();
         loop {
-            let Some(off) = find_lt(bytes.get(pos..).unwrap_or(&[])) else {
-                let consumed = self.content(sub(s, start, s.len()), out);
-                return sub(s, start + consumed, s.len());
+            let hay = bytes.get(pos..).unwrap_or(&[]);
+            let found = if closers_only {
+                find_closer_lt(hay)
+            } else {
+                find_lt(hay)
+            };
+            let Some(off) = found else {
+                let rest = sub(s, start, s.len());
+                let consumed = self.content(rest, out);
+                return if consumed == rest.len() {
+                    ""
+                } else {
+                    sub(rest, consumed, rest.len())
+                };
             };
             let lt = pos + off;
-            let mask = self.mode.tags();
             let after = bytes.get(lt + 1..).unwrap_or(&[]);
+            let mask = *tags.get_or_insert_with(|| self.mode.tags());
             if !could_start(mask, after) {
                 pos = lt + 1;
                 continue;
@@ -509,13 +600,19 @@ impl Parser {
                 Outcome::TooLong => self.too_long(sub(s, lt, end), out),
                 Outcome::Reject => {}
             }
+            tags = None;
+            closers_only = self.mode.closers_only();
             start = end;
             pos = end;
         }
     }
 
     /// Continue the pending candidate with `s`; returns the rest of `s`.
-    fn continue_candidate<'a>(&mut self, s: &'a str, out: &mut Vec<Event>) -> &'a str {
+    fn continue_candidate<'a>(
+        &mut self,
+        s: &'a str,
+        out: &mut impl FnMut(EventRef<'_>),
+    ) -> &'a str {
         let Some(mut cand) = self.cand.take() else {
             return s;
         };
@@ -541,7 +638,7 @@ impl Parser {
                 held.push_str(sub(s, 0, n));
                 let consumed = self.content(&held, out);
                 if consumed < held.len() {
-                    self.feed(sub(&held, consumed, held.len()), out);
+                    self.feed_into(sub(&held, consumed, held.len()), out);
                 }
                 self.recycle(held);
             }
@@ -563,16 +660,17 @@ impl Parser {
         }
     }
 
-    fn too_long(&mut self, text: &str, out: &mut Vec<Event>) {
-        out.push(error(
+    fn too_long(&mut self, text: &str, out: &mut impl FnMut(EventRef<'_>)) {
+        error(
+            out,
             ErrorCode::TagTooLong,
-            format!("a tag longer than {MAX_TAG_LEN} bytes is not a tag; its text is content"),
-        ));
+            &format!("a tag longer than {MAX_TAG_LEN} bytes is not a tag; its text is content"),
+        );
         self.content_all(text, out);
     }
 
     /// Emit all of `text` as content, without looking for tags in it.
-    fn content_all(&mut self, text: &str, out: &mut Vec<Event>) {
+    fn content_all(&mut self, text: &str, out: &mut impl FnMut(EventRef<'_>)) {
         let mut rest = text;
         while !rest.is_empty() {
             let consumed = self.content(rest, out);
@@ -583,43 +681,49 @@ impl Parser {
     /// Emit content in the current mode. Returns how much was taken: all of
     /// it, except when an install body reaches its limit (the install is then
     /// closed and the rest belongs to the enclosing state).
-    #[inline]
-    fn content(&mut self, s: &str, out: &mut Vec<Event>) -> usize {
+    #[inline(always)]
+    fn content(&mut self, s: &str, out: &mut impl FnMut(EventRef<'_>)) -> usize {
         if s.is_empty() {
             return 0;
         }
         match self.mode {
-            Mode::Text | Mode::Sandbox => out.push(Event::Text {
-                content: s.to_string(),
-            }),
-            Mode::Thinking => out.push(Event::ThinkingContent {
-                content: s.to_string(),
-            }),
-            Mode::File if self.file.is_plain() => out.push(Event::FileContent {
-                content: s.to_string(),
-            }),
-            Mode::File => self.file.push(s, out),
+            Mode::Text | Mode::Sandbox => out(EventRef::Text { content: s }),
+            Mode::Thinking => out(EventRef::ThinkingContent { content: s }),
+            Mode::File if self.file.is_plain() => out(EventRef::FileContent { content: s }),
+            Mode::File => self.file_content(s, out),
             Mode::SkipFile => self.skipped += s.len() as u64,
-            Mode::Install { .. } => {
-                let room = MAX_INSTALL_BODY.saturating_sub(self.install_body.len());
-                if s.len() <= room {
-                    self.install_body.push_str(s);
-                } else {
-                    let cut = floor_char_boundary(s, room);
-                    self.install_body.push_str(sub(s, 0, cut));
-                    self.close_install(
-                        Some("a body longer than 16384 bytes (the rest is read as text)"),
-                        out,
-                    );
-                    return cut;
-                }
-            }
+            Mode::Install { .. } => return self.install_content(s, out),
         }
         s.len()
     }
 
+    /// [`Parser::content`] of a file whose content is being shaped (kept out
+    /// of line: the inlined hot path is plain content).
+    #[inline(never)]
+    fn file_content(&mut self, s: &str, out: &mut impl FnMut(EventRef<'_>)) {
+        self.file.push(s, out);
+    }
+
+    /// [`Parser::content`] of an install body.
+    #[inline(never)]
+    fn install_content(&mut self, s: &str, out: &mut impl FnMut(EventRef<'_>)) -> usize {
+        let room = MAX_INSTALL_BODY.saturating_sub(self.install_body.len());
+        if s.len() <= room {
+            self.install_body.push_str(s);
+            s.len()
+        } else {
+            let cut = floor_char_boundary(s, room);
+            self.install_body.push_str(sub(s, 0, cut));
+            self.close_install(
+                Some("a body longer than 16384 bytes (the rest is read as text)"),
+                out,
+            );
+            cut
+        }
+    }
+
     /// A complete tag `text` (from `<` to `>`) whose name is `NAMES[entry]`.
-    fn tag(&mut self, entry: usize, text: &str, out: &mut Vec<Event>) {
+    fn tag(&mut self, entry: usize, text: &str, out: &mut impl FnMut(EventRef<'_>)) {
         let Some(name) = NAMES.get(entry) else {
             self.content_all(text, out);
             return;
@@ -632,20 +736,20 @@ impl Parser {
         }
     }
 
-    fn closer(&mut self, tag: Tag, text: &str, out: &mut Vec<Event>) {
+    fn closer(&mut self, tag: Tag, text: &str, out: &mut impl FnMut(EventRef<'_>)) {
         match (self.mode, tag) {
             (_, Tag::Command | Tag::WebSearch | Tag::Done | Tag::UrlScrape) => {}
             (Mode::Thinking, Tag::Thinking) => {
-                out.push(Event::ThinkingEnd);
+                out(EventRef::ThinkingEnd);
                 self.mode = Mode::Text;
             }
             (Mode::Sandbox, Tag::Sandbox) => {
-                out.push(Event::SandboxEnd);
+                out(EventRef::SandboxEnd);
                 self.mode = Mode::Text;
             }
             (Mode::File, Tag::File) => {
                 self.file.finish(out);
-                out.push(Event::FileEnd);
+                out(EventRef::FileEnd);
                 self.mode = Mode::Sandbox;
             }
             (Mode::SkipFile, Tag::File) => {
@@ -654,13 +758,13 @@ impl Parser {
             }
             (Mode::File | Mode::SkipFile, Tag::Sandbox) => {
                 self.close_file_implicitly("</edward_sandbox>", out);
-                out.push(Event::SandboxEnd);
+                out(EventRef::SandboxEnd);
                 self.mode = Mode::Text;
             }
             (Mode::Install { .. }, Tag::Install) => self.close_install(None, out),
             (Mode::Install { in_sandbox: true }, Tag::Sandbox) => {
                 self.close_install(Some("</edward_sandbox>"), out);
-                out.push(Event::SandboxEnd);
+                out(EventRef::SandboxEnd);
                 self.mode = Mode::Text;
             }
             // Not reachable: the mode's tag set excludes the rest.
@@ -668,12 +772,18 @@ impl Parser {
         }
     }
 
-    fn opener(&mut self, tag: Tag, attrs: &Attributes, text: &str, out: &mut Vec<Event>) {
+    fn opener(
+        &mut self,
+        tag: Tag,
+        attrs: &Attributes,
+        text: &str,
+        out: &mut impl FnMut(EventRef<'_>),
+    ) {
         match self.mode {
             Mode::Thinking => match tag {
                 Tag::File => self.file_outside_sandbox(text, out),
                 Tag::Sandbox | Tag::Install | Tag::Command | Tag::WebSearch | Tag::Done => {
-                    out.push(Event::ThinkingEnd);
+                    out(EventRef::ThinkingEnd);
                     self.mode = Mode::Text;
                     self.opener(tag, attrs, text, out);
                 }
@@ -697,24 +807,25 @@ impl Parser {
                 let in_sandbox = self.mode == Mode::Sandbox;
                 match tag {
                     Tag::Thinking if !in_sandbox => {
-                        out.push(Event::ThinkingStart);
+                        out(EventRef::ThinkingStart);
                         if attrs.self_closing() {
-                            out.push(Event::ThinkingEnd);
+                            out(EventRef::ThinkingEnd);
                         } else {
                             self.mode = Mode::Thinking;
                         }
                     }
-                    Tag::Sandbox if in_sandbox => out.push(error(
+                    Tag::Sandbox if in_sandbox => error(
+                        out,
                         ErrorCode::NestedSandbox,
-                        "<edward_sandbox> inside a sandbox is ignored".into(),
-                    )),
+                        "<edward_sandbox> inside a sandbox is ignored",
+                    ),
                     Tag::Sandbox => {
-                        out.push(Event::SandboxStart {
-                            project: attrs.get("project").map(str::to_string),
-                            base: attrs.get("base").map(str::to_string),
+                        out(EventRef::SandboxStart {
+                            project: attrs.get("project"),
+                            base: attrs.get("base"),
                         });
                         if attrs.self_closing() {
-                            out.push(Event::SandboxEnd);
+                            out(EventRef::SandboxEnd);
                         } else {
                             self.mode = Mode::Sandbox;
                         }
@@ -722,7 +833,7 @@ impl Parser {
                     Tag::File if in_sandbox => self.open_file(attrs, out),
                     Tag::File => self.file_outside_sandbox(text, out),
                     Tag::Install => {
-                        out.push(Event::InstallStart);
+                        out(EventRef::InstallStart);
                         self.install_body.clear();
                         self.mode = Mode::Install { in_sandbox };
                         if attrs.self_closing() {
@@ -733,10 +844,10 @@ impl Parser {
                     Tag::WebSearch => self.web_search(attrs, out),
                     Tag::Done => {
                         if in_sandbox {
-                            out.push(Event::SandboxEnd);
+                            out(EventRef::SandboxEnd);
                             self.mode = Mode::Text;
                         }
-                        out.push(Event::Done);
+                        out(EventRef::Done);
                     }
                     _ => self.content_all(text, out),
                 }
@@ -745,24 +856,25 @@ impl Parser {
         }
     }
 
-    fn file_outside_sandbox(&mut self, text: &str, out: &mut Vec<Event>) {
-        out.push(error(
+    fn file_outside_sandbox(&mut self, text: &str, out: &mut impl FnMut(EventRef<'_>)) {
+        error(
+            out,
             ErrorCode::FileOutsideSandbox,
-            "<file> outside <edward_sandbox> is not a file; its text is content".into(),
-        ));
+            "<file> outside <edward_sandbox> is not a file; its text is content",
+        );
         self.content_all(text, out);
     }
 
-    fn open_file(&mut self, attrs: &Attributes, out: &mut Vec<Event>) {
+    fn open_file(&mut self, attrs: &Attributes, out: &mut impl FnMut(EventRef<'_>)) {
         let result = match attrs.get("path") {
             Some(raw) => normalize_path(raw).map_err(|e| format!("invalid file path {raw:?}: {e}")),
             None => Err("<file> without a path attribute".to_string()),
         };
         match result {
             Ok(path) => {
-                out.push(Event::FileStart { path: path.clone() });
+                out(EventRef::FileStart { path: &path });
                 if attrs.self_closing() {
-                    out.push(Event::FileEnd);
+                    out(EventRef::FileEnd);
                 } else {
                     self.file.reset();
                     self.file_path = path;
@@ -781,11 +893,11 @@ impl Parser {
         }
     }
 
-    fn emit_skipped_file(&mut self, out: &mut Vec<Event>) {
+    fn emit_skipped_file(&mut self, out: &mut impl FnMut(EventRef<'_>)) {
         let message = std::mem::take(&mut self.skip_message);
-        out.push(Event::Error {
+        out(EventRef::Error {
             code: ErrorCode::InvalidFilePath,
-            message: format!(
+            message: &format!(
                 "{message}; its content was skipped ({} bytes)",
                 self.skipped
             ),
@@ -796,21 +908,23 @@ impl Parser {
     }
 
     /// Close the current (valid or skipped) file because of `why`.
-    fn close_file_implicitly(&mut self, why: &str, out: &mut Vec<Event>) {
+    fn close_file_implicitly(&mut self, why: &str, out: &mut impl FnMut(EventRef<'_>)) {
         match self.mode {
             Mode::File => {
                 self.file.finish(out);
-                out.push(error(
+                error(
+                    out,
                     ErrorCode::UnclosedFile,
-                    format!("file {:?} was closed by {why}, not </file>", self.file_path),
-                ));
-                out.push(Event::FileEnd);
+                    &format!("file {:?} was closed by {why}, not </file>", self.file_path),
+                );
+                out(EventRef::FileEnd);
             }
             Mode::SkipFile => {
-                out.push(error(
+                error(
+                    out,
                     ErrorCode::UnclosedFile,
-                    format!("a file with an invalid path was closed by {why}, not </file>"),
-                ));
+                    &format!("a file with an invalid path was closed by {why}, not </file>"),
+                );
                 self.emit_skipped_file(out);
             }
             _ => {}
@@ -820,41 +934,44 @@ impl Parser {
 
     /// End the install block; `implicit` names what closed it when it was not
     /// `</edward_install>`.
-    fn close_install(&mut self, implicit: Option<&str>, out: &mut Vec<Event>) {
+    fn close_install(&mut self, implicit: Option<&str>, out: &mut impl FnMut(EventRef<'_>)) {
         let Mode::Install { in_sandbox } = self.mode else {
             return;
         };
         if let Some(why) = implicit {
-            out.push(error(
+            error(
+                out,
                 ErrorCode::UnclosedInstall,
-                format!("<edward_install> was closed by {why}, not </edward_install>"),
-            ));
+                &format!("<edward_install> was closed by {why}, not </edward_install>"),
+            );
         }
         let body = parse_install_body(&self.install_body);
         self.install_body.clear();
         if !body.invalid.is_empty() {
-            out.push(error(
+            error(
+                out,
                 ErrorCode::InvalidDependency,
-                format!(
+                &format!(
                     "not valid npm package specs, not installed: {}",
                     quote_list(&body.invalid)
                 ),
-            ));
+            );
         }
         if !body.over_limit.is_empty() {
-            out.push(error(
+            error(
+                out,
                 ErrorCode::InvalidDependency,
-                format!(
+                &format!(
                     "more than {MAX_DEPENDENCIES} packages, not installed: {}",
                     quote_list(&body.over_limit)
                 ),
-            ));
+            );
         }
-        out.push(Event::InstallContent {
-            dependencies: body.dependencies,
-            framework: body.framework,
+        out(EventRef::InstallContent {
+            dependencies: &body.dependencies,
+            framework: body.framework.as_deref(),
         });
-        out.push(Event::InstallEnd);
+        out(EventRef::InstallEnd);
         self.mode = if in_sandbox {
             Mode::Sandbox
         } else {
@@ -862,12 +979,13 @@ impl Parser {
         };
     }
 
-    fn command(&mut self, attrs: &Attributes, out: &mut Vec<Event>) {
+    fn command(&mut self, attrs: &Attributes, out: &mut impl FnMut(EventRef<'_>)) {
         let Some(command) = attrs.get("command").filter(|c| !c.trim().is_empty()) else {
-            out.push(error(
+            error(
+                out,
                 ErrorCode::MalformedCommand,
-                "<edward_command> without a command attribute".into(),
-            ));
+                "<edward_command> without a command attribute",
+            );
             return;
         };
         let args = match attrs.get("args") {
@@ -875,38 +993,37 @@ impl Parser {
             Some(raw) => match parse_string_array(raw) {
                 Some(args) => args,
                 None => {
-                    out.push(error(
+                    error(
+                        out,
                         ErrorCode::MalformedCommand,
-                        format!(
+                        &format!(
                             "args of command {command:?} is not a JSON array of strings: {raw:?}; the command was not run"
                         ),
-                    ));
+                    );
                     return;
                 }
             },
         };
-        out.push(Event::Command {
-            command: command.to_string(),
-            args,
+        out(EventRef::Command {
+            command,
+            args: &args,
         });
     }
 
-    fn web_search(&mut self, attrs: &Attributes, out: &mut Vec<Event>) {
+    fn web_search(&mut self, attrs: &Attributes, out: &mut impl FnMut(EventRef<'_>)) {
         let Some(query) = attrs.get("query").filter(|q| !q.trim().is_empty()) else {
-            out.push(error(
+            error(
+                out,
                 ErrorCode::MalformedWebSearch,
-                "<edward_web_search> without a query attribute".into(),
-            ));
+                "<edward_web_search> without a query attribute",
+            );
             return;
         };
         let max_results = attrs
             .get("max_results")
             .or_else(|| attrs.get("maxResults"))
             .map_or(DEFAULT_MAX_RESULTS, parse_max_results);
-        out.push(Event::WebSearch {
-            query: query.to_string(),
-            max_results,
-        });
+        out(EventRef::WebSearch { query, max_results });
     }
 }
 
@@ -1004,6 +1121,46 @@ mod tests {
                 v[k] = b'a';
             }
         }
+    }
+
+    #[test]
+    fn find_closer_lt_stops_at_every_possible_closer() {
+        // the first `</`, or a final `<`; short haystacks fall back to every `<`
+        let reference = |hay: &[u8]| {
+            (0..hay.len()).find(|&i| hay[i] == b'<' && hay.get(i + 1).is_none_or(|&b| b == b'/'))
+        };
+        let mut rng = 0x2545_f491_4f6c_dd1du64;
+        for len in [0, 1, 2, 31, 63, 64, 65, 100, 1000] {
+            for _ in 0..200 {
+                let hay: Vec<u8> = (0..len)
+                    .map(|_| {
+                        rng ^= rng << 13;
+                        rng ^= rng >> 7;
+                        rng ^= rng << 17;
+                        [b'<', b'/', b'a', b'>'][(rng % 4) as usize]
+                    })
+                    .collect();
+                let expected = if len < 64 {
+                    find_lt(&hay)
+                } else {
+                    reference(&hay)
+                };
+                assert_eq!(
+                    find_closer_lt(&hay),
+                    expected,
+                    "{:?}",
+                    String::from_utf8_lossy(&hay)
+                );
+            }
+        }
+        let mut long = vec![b'a'; 200];
+        long[199] = b'<';
+        assert_eq!(find_closer_lt(&long), Some(199));
+        long[50] = b'<';
+        assert_eq!(find_closer_lt(&long), Some(199));
+        long[120] = b'/';
+        long[119] = b'<';
+        assert_eq!(find_closer_lt(&long), Some(119));
     }
 
     #[test]

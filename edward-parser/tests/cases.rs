@@ -1,14 +1,15 @@
 //! Data-driven cases: `tests/cases/NAME.txt` is a stream, `NAME.jsonl` the
 //! expected events (merged with `merge_content`), one JSON object per line.
 //! Every case is checked whole and cut into chunks of 1, 2, 3, 7 and 64
-//! characters. `UPDATE_SNAPSHOTS=1 cargo test --test cases` rewrites the
+//! characters, through both APIs (owned `feed` and borrowing `feed_with` must
+//! give the same events, unmerged). `UPDATE_SNAPSHOTS=1 cargo test --test cases` rewrites the
 //! `.jsonl` files (review the diff by hand before committing).
 
 use std::fmt::Write as _;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use edward_parser::{Event, MAX_BUFFERED, Parser, merge_content};
+use edward_parser::{Event, EventRef, MAX_BUFFERED, Parser, merge_content};
 
 fn chunks(input: &str, chars: usize) -> Vec<&str> {
     let mut out = Vec::new();
@@ -28,12 +29,19 @@ fn chunks(input: &str, chars: usize) -> Vec<&str> {
 fn run(pieces: &[&str]) -> Vec<Event> {
     let mut parser = Parser::new();
     let mut events = Vec::new();
+    let mut borrowing = Parser::new();
+    let mut borrowed = Vec::new();
     for p in pieces {
         parser.feed(p, &mut events);
+        borrowing.feed_with(p, |e: EventRef<'_>| borrowed.push(e.to_event()));
         assert!(parser.buffered_len() <= MAX_BUFFERED);
+        assert_eq!(borrowing.buffered_len(), parser.buffered_len());
     }
     parser.finish(&mut events);
+    borrowing.finish_with(|e: EventRef<'_>| borrowed.push(e.to_event()));
     assert_eq!(parser.buffered_len(), 0);
+    assert_eq!(borrowing.buffered_len(), 0);
+    assert_eq!(borrowed, events, "borrowing and owned APIs differ");
     merge_content(events)
 }
 

@@ -1,5 +1,8 @@
 //! Property tests (PROTOCOL.md §6).
 //!
+//! Every chunked parse runs through both APIs (owned `feed`, borrowing
+//! `feed_with`) and checks they give the same events, unmerged.
+//!
 //! 1. `junk_streams`: streams mixing every tag, partial tags, junk `<`, CRLF,
 //!    fences and Unicode. Every chunking gives the same merged events; the
 //!    hold-back stays under the cap; and the accounting holds: content and
@@ -11,7 +14,7 @@
 //!    accounts for every content byte of the input (everything else is tag
 //!    syntax or the dropped newline after `<file>`).
 
-use edward_parser::{Event, MAX_BUFFERED, Parser, merge_content, parse_all};
+use edward_parser::{Event, EventRef, MAX_BUFFERED, Parser, merge_content, parse_all};
 use proptest::prelude::*;
 use proptest::sample::select;
 
@@ -31,15 +34,48 @@ fn cut<'a>(input: &'a str, cuts: &[usize]) -> Vec<&'a str> {
     out
 }
 
+/// Parse `chunks` with the owned API and the borrowing one; both must give
+/// the same (unmerged) events.
 fn parse_chunks(chunks: &[&str]) -> Vec<Event> {
     let mut parser = Parser::new();
     let mut events = Vec::new();
+    let mut borrowing = Parser::new();
+    let mut borrowed = Vec::new();
     for c in chunks {
         parser.feed(c, &mut events);
+        borrowing.feed_with(c, |e: EventRef<'_>| borrowed.push(e.to_event()));
         assert!(parser.buffered_len() <= MAX_BUFFERED);
+        assert!(borrowing.buffered_len() <= MAX_BUFFERED);
     }
     parser.finish(&mut events);
+    borrowing.finish_with(|e: EventRef<'_>| borrowed.push(e.to_event()));
+    assert_eq!(&borrowed, &events, "borrowing and owned APIs differ");
     events
+}
+
+/// Content events of a borrowing parse that are neither a slice of the chunk
+/// being fed nor a held tag candidate (which starts with `<`). `files`: check
+/// file content too (only valid when no file opens with a newline-less fence
+/// or a lone `\r`, whose bytes the file filter holds).
+fn copied_content(chunks: &[&str], files: bool) -> Vec<String> {
+    let mut parser = Parser::new();
+    let mut copied = Vec::new();
+    for c in chunks {
+        let range = c.as_bytes().as_ptr_range();
+        parser.feed_with(c, |e: EventRef<'_>| {
+            let content = match e {
+                EventRef::Text { content } | EventRef::ThinkingContent { content } => content,
+                EventRef::FileContent { content } if files => content,
+                _ => return,
+            };
+            let inside = range.contains(&content.as_ptr())
+                && content.as_bytes().as_ptr_range().end <= range.end;
+            if !inside && !content.starts_with('<') {
+                copied.push(content.to_string());
+            }
+        });
+    }
+    copied
 }
 
 fn content_of(e: &Event) -> Option<&str> {
@@ -135,10 +171,14 @@ proptest! {
     #[test]
     fn junk_streams(input in junk_stream(), cuts in cuts()) {
         let whole = parse_all(&input);
+        prop_assert_eq!(&merge_content(parse_chunks(&[&input])), &whole);
         let chunked = merge_content(parse_chunks(&cut(&input, &cuts)));
         prop_assert_eq!(&chunked, &whole);
         let one_char = merge_content(parse_chunks(&cut(&input, &[1])));
         prop_assert_eq!(&one_char, &whole);
+        // Zero copy: text and thinking content is lent from the chunk.
+        prop_assert_eq!(copied_content(&cut(&input, &cuts), false), Vec::<String>::new());
+        prop_assert_eq!(copied_content(&[&input], false), Vec::<String>::new());
 
         // Accounting. Unmerged events of a whole-input feed emit each run of
         // content as one slice of the input, so every content event must be
@@ -409,6 +449,9 @@ proptest! {
         prop_assert_eq!(&parse_all(&piece.text), &expected, "stream {:?}", piece.text);
         let chunked = merge_content(parse_chunks(&cut(&piece.text, &cuts)));
         prop_assert_eq!(&chunked, &expected);
+        // Zero copy: all content, file bodies included, is lent from the chunk.
+        prop_assert_eq!(copied_content(&cut(&piece.text, &cuts), true), Vec::<String>::new());
+        prop_assert_eq!(copied_content(&[&piece.text], true), Vec::<String>::new());
     }
 }
 

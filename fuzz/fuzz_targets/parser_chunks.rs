@@ -1,9 +1,11 @@
-//! The whole parser under a chunking derived from the input: no panic, the
-//! merged events equal the whole-input parse, the hold-back stays under the
-//! cap, and content + skipped bytes never exceed the input.
+//! The whole parser under a chunking derived from the input, through both
+//! APIs: no panic, the borrowing API (`feed_with`) gives the same events as
+//! the owned one (`feed`), the merged events equal the whole-input parse
+//! (both APIs fed the whole input too), the hold-back stays under the cap,
+//! and content + skipped bytes never exceed the input.
 #![no_main]
 
-use edward_parser::{Event, MAX_BUFFERED, Parser, merge_content, parse_all};
+use edward_parser::{Event, EventRef, MAX_BUFFERED, Parser, merge_content, parse_all};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -12,8 +14,21 @@ fuzz_target!(|data: &[u8]| {
     let input = String::from_utf8_lossy(body);
     let whole = parse_all(&input);
 
+    // whole input, owned and borrowing
     let mut parser = Parser::new();
     let mut events: Vec<Event> = Vec::new();
+    parser.feed(&input, &mut events);
+    parser.finish(&mut events);
+    let mut borrowed: Vec<Event> = Vec::new();
+    parser.feed_with(&input, |e: EventRef<'_>| borrowed.push(e.to_event()));
+    parser.finish_with(|e: EventRef<'_>| borrowed.push(e.to_event()));
+    assert_eq!(borrowed, events);
+    assert_eq!(merge_content(events), whole);
+
+    let mut parser = Parser::new();
+    let mut events: Vec<Event> = Vec::new();
+    let mut borrowing = Parser::new();
+    let mut borrowed: Vec<Event> = Vec::new();
     let mut rest: &str = &input;
     let mut i = 0usize;
     while !rest.is_empty() {
@@ -22,11 +37,15 @@ fuzz_target!(|data: &[u8]| {
         let end = rest.char_indices().nth(len).map_or(rest.len(), |(j, _)| j);
         let (chunk, tail) = rest.split_at(end);
         parser.feed(chunk, &mut events);
+        borrowing.feed_with(chunk, |e: EventRef<'_>| borrowed.push(e.to_event()));
         assert!(parser.buffered_len() <= MAX_BUFFERED);
+        assert_eq!(borrowing.buffered_len(), parser.buffered_len());
         rest = tail;
     }
     parser.finish(&mut events);
+    borrowing.finish_with(|e: EventRef<'_>| borrowed.push(e.to_event()));
     assert_eq!(parser.buffered_len(), 0);
+    assert_eq!(borrowed, events);
     let merged = merge_content(events);
     assert_eq!(merged, whole);
 
