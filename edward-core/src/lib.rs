@@ -8,6 +8,7 @@
 #![deny(missing_docs)]
 
 mod error;
+pub mod hash;
 mod path;
 pub mod pricing;
 mod traits;

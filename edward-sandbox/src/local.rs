@@ -29,17 +29,6 @@ async fn blocking<T: Send + 'static>(
         })?
 }
 
-/// 64-bit FNV-1a: tiny, and stable across processes and Rust versions (unlike
-/// `DefaultHasher`), which reattaching after a restart needs.
-fn fnv1a64(bytes: &[u8]) -> u64 {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in bytes {
-        hash ^= u64::from(*byte);
-        hash = hash.wrapping_mul(0x0100_0000_01b3);
-    }
-    hash
-}
-
 /// Creates [`LocalSandbox`]es: one directory per key under a root directory.
 ///
 /// See the [crate docs](crate) for what it guarantees and, importantly, what it
@@ -105,7 +94,7 @@ impl LocalSandboxProvider {
             prefix
         };
         let mut name = prefix;
-        let _ = write!(name, "-{:016x}", fnv1a64(key.0.as_bytes()));
+        let _ = write!(name, "-{:016x}", edward_core::hash::fnv1a64(key.0.as_bytes()));
         name
     }
 

@@ -202,17 +202,7 @@ pub(crate) fn queue_corrupt(what: impl std::fmt::Display) -> QueueError {
 /// processes, which `std`'s hasher does not promise).
 #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
 pub(crate) fn fnv1a64(parts: &[&[u8]]) -> i64 {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for part in parts {
-        for byte in *part {
-            hash ^= u64::from(*byte);
-            hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-        // Separator so ("ab","c") and ("a","bc") differ.
-        hash ^= 0xff;
-        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    hash as i64
+    edward_core::hash::fnv1a64_parts(parts) as i64
 }
 
 /// Decode JSON stored as text.

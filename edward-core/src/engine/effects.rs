@@ -371,15 +371,6 @@ pub(crate) struct EffectCtx {
     pub max_per_run: u32,
 }
 
-fn fnv1a(data: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in data {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    h
-}
-
 fn tool_run_from(out: ExecOutput) -> ToolRun {
     ToolRun {
         exit_code: out.exit_code,
@@ -510,7 +501,7 @@ impl EffectCtx {
         let request = json!({
             "path": sp.as_str(),
             "bytes": bytes,
-            "fnv1a": format!("{:016x}", fnv1a(content.as_bytes())),
+            "fnv1a": format!("{:016x}", crate::hash::fnv1a64(content.as_bytes())),
         });
         let rec = self.begin(&key, request.clone()).await?;
         if rec.state == EffectState::Completed && rec.request == request {

@@ -1,0 +1,301 @@
+//! N concurrent runs at model pace in one process, one tailer per run: the
+//! measurement behind docs/BENCHMARKS.md's concurrency table (issue 16).
+//!
+//! Each run's model streams a `--bytes` file in `--chunk-bytes` pieces
+//! `--chunk-ms` apart (default 20 KB, 16 bytes, 12 ms: ~15 s, like a real
+//! model). Every piece carries the time it was sent, so the tailer measures
+//! chunk→client latency (model emits → client receives the event).
+//!
+//! ```text
+//! cargo run --release --example load -- --runs 1000 --store sqlite
+//! cargo run --release --example load -- --runs 2000 --store memory
+//! cargo run --release --example load --features postgres -- --runs 1000 --store postgres --database-url postgres://…
+//! ```
+//!
+//! Prints one Markdown table row: store, N, RSS/run, CPU/run, p50/p99
+//! latency, wall/ideal, events/s, peak active runs, time to start p50/max.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use clap::Parser;
+use edward::spi::{FinishReason, ModelChunk, ModelClient, ModelRequest, ModelStream};
+use edward::{
+    AdmissionLimits, Backend, Budgets, CancellationToken, Engine, EngineEvent, LocalSandboxProvider,
+    ModelError, RunRequest, Usage, WorkerConfig, async_trait,
+};
+
+#[derive(Debug, Parser)]
+#[command(name = "load", about = "N concurrent Edward runs at model pace")]
+struct Cli {
+    /// Concurrent runs.
+    #[arg(long, default_value_t = 100)]
+    runs: usize,
+    /// `memory`, `sqlite` or `postgres`.
+    #[arg(long, default_value = "memory")]
+    store: String,
+    /// Bytes of the file each run's model streams.
+    #[arg(long, default_value_t = 20_000)]
+    bytes: usize,
+    /// Bytes per model chunk.
+    #[arg(long, default_value_t = 16)]
+    chunk_bytes: usize,
+    /// Milliseconds between model chunks.
+    #[arg(long, default_value_t = 12)]
+    chunk_ms: u64,
+    /// Postgres URL (with `--store postgres`, feature `postgres`).
+    #[arg(long, env = "EDWARD_DATABASE_URL")]
+    database_url: Option<String>,
+}
+
+/// Streams a file whose lines are the microsecond timestamps of their chunk.
+struct PacedModel {
+    bytes: usize,
+    chunk_bytes: usize,
+    every: Duration,
+}
+
+fn now_us() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as i64)
+        .unwrap_or(0)
+}
+
+#[async_trait]
+impl ModelClient for PacedModel {
+    fn provider(&self) -> &str {
+        "paced"
+    }
+
+    async fn stream(
+        &self,
+        request: ModelRequest,
+        cancel: CancellationToken,
+    ) -> Result<ModelStream, ModelError> {
+        let turn = request
+            .messages
+            .iter()
+            .filter(|m| m.role == edward::spi::Role::Assistant)
+            .count();
+        if turn > 0 {
+            let done = vec![
+                Ok(ModelChunk::Text("<edward_done/>".into())),
+                Ok(ModelChunk::Finish(FinishReason::Stop)),
+            ];
+            return Ok(Box::pin(edward::spi::stream::iter(done)));
+        }
+        let chunks = self.bytes.div_ceil(self.chunk_bytes);
+        let (chunk_bytes, every) = (self.chunk_bytes, self.every);
+        // Chunk i: "\n" + the send time, padded to `chunk_bytes`; framed by the file tags.
+        let stream = edward::spi::stream::unfold(0usize, move |i| {
+            let cancel = cancel.clone();
+            async move {
+                let text = if i == 0 {
+                    "<edward_sandbox>\n<file path=\"load.txt\">\n".to_string()
+                } else if i <= chunks {
+                    if cancel
+                        .run_until_cancelled(tokio::time::sleep(every))
+                        .await
+                        .is_none()
+                    {
+                        return Some((Err(ModelError::Cancelled), usize::MAX));
+                    }
+                    let mut s = format!("{}", now_us());
+                    while s.len() + 1 < chunk_bytes {
+                        s.push('.');
+                    }
+                    s.push('\n');
+                    s
+                } else if i == chunks + 1 {
+                    "</file>\n</edward_sandbox>\n<edward_done/>".to_string()
+                } else if i == chunks + 2 {
+                    return Some((
+                        Ok(ModelChunk::Usage(Usage {
+                            input_tokens: 100,
+                            output_tokens: (chunks * chunk_bytes / 4) as u64,
+                            estimated: false,
+                        })),
+                        i + 1,
+                    ));
+                } else {
+                    return None;
+                };
+                Some((Ok(ModelChunk::Text(text)), i + 1))
+            }
+        });
+        Ok(Box::pin(stream))
+    }
+}
+
+fn rusage_cpu_ms() -> f64 {
+    // SAFETY: getrusage only writes into the zeroed struct we own.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    let tv = |t: libc::timeval| t.tv_sec as f64 * 1000.0 + t.tv_usec as f64 / 1000.0;
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
+fn peak_rss_kb() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+async fn backend(cli: &Cli, dir: &std::path::Path) -> Result<Backend, Box<dyn std::error::Error>> {
+    Ok(match cli.store.as_str() {
+        "memory" => Backend::memory(),
+        "sqlite" => edward::SqliteStore::open(dir.join("load.db")).await?.backend(),
+        #[cfg(feature = "postgres")]
+        "postgres" => {
+            let url = cli
+                .database_url
+                .as_deref()
+                .ok_or("--store postgres needs --database-url")?;
+            edward::PgStore::connect(url).await?.backend().await?
+        }
+        other => return Err(format!("unknown or unbuilt store `{other}`").into()),
+    })
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let cli = Cli::parse();
+    let dir = tempfile::tempdir()?;
+    let n = cli.runs.max(1);
+    let model = PacedModel {
+        bytes: cli.bytes,
+        chunk_bytes: cli.chunk_bytes.max(16),
+        every: Duration::from_millis(cli.chunk_ms),
+    };
+    let ideal = Duration::from_millis(cli.chunk_ms * cli.bytes.div_ceil(cli.chunk_bytes) as u64);
+    let engine = Engine::builder()
+        .backend(backend(&cli, dir.path()).await?)
+        .sandbox_provider(Arc::new(LocalSandboxProvider::new(dir.path().join("sb"))))
+        .model_client(Arc::new(model))
+        .default_model("paced")
+        .budgets(Budgets {
+            max_cost_usd: 0.0,
+            ..Budgets::default()
+        })
+        .admission_limits(AdmissionLimits {
+            global: n as u32,
+            per_user: n as u32,
+            per_chat: 1,
+        })
+        .build()?;
+    let shutdown = CancellationToken::new();
+    let worker = tokio::spawn({
+        let engine = engine.clone();
+        let cfg = WorkerConfig::new(shutdown.clone()).with_concurrency(n);
+        async move { engine.worker(cfg).await }
+    });
+
+    let cpu0 = rusage_cpu_ms();
+    let started = Instant::now();
+    let active = Arc::new(AtomicI64::new(0));
+    let peak = Arc::new(AtomicI64::new(0));
+    let events_total = Arc::new(AtomicU64::new(0));
+    let mut tailers = Vec::with_capacity(n);
+    for i in 0..n {
+        let id = engine
+            .submit(RunRequest::new("load", format!("chat-{i}"), "stream a file"))
+            .await?;
+        let submitted = Instant::now();
+        let engine = engine.clone();
+        let (active, peak, events_total) = (active.clone(), peak.clone(), events_total.clone());
+        tailers.push(tokio::spawn(async move {
+            let mut latencies = Vec::new();
+            let mut start_ms = None;
+            let mut status = String::new();
+            let mut partial = String::new();
+            let mut events = engine.events(id, 0);
+            while let Some(e) = events.next().await {
+                let Ok(e) = e else { break };
+                events_total.fetch_add(1, Ordering::Relaxed);
+                match e.event {
+                    EngineEvent::TurnStarted { turn: 1, .. } => {
+                        start_ms = Some(submitted.elapsed().as_secs_f64() * 1000.0);
+                        let now = active.fetch_add(1, Ordering::Relaxed) + 1;
+                        peak.fetch_max(now, Ordering::Relaxed);
+                    }
+                    EngineEvent::FileDelta { content, .. } => {
+                        let received = now_us();
+                        partial.push_str(&content);
+                        while let Some(nl) = partial.find('\n') {
+                            let line: String = partial.drain(..=nl).collect();
+                            if let Ok(sent) = line.trim_end_matches(['.', '\n']).parse::<i64>() {
+                                latencies.push((received - sent) as f64 / 1000.0);
+                            }
+                        }
+                    }
+                    EngineEvent::RunFinished { status: s, .. } => {
+                        if start_ms.is_some() {
+                            active.fetch_sub(1, Ordering::Relaxed);
+                        }
+                        status = format!("{s:?}");
+                    }
+                    _ => {}
+                }
+            }
+            (latencies, start_ms, status)
+        }));
+    }
+    let mut latencies = Vec::new();
+    let mut starts = Vec::new();
+    let mut completed = 0;
+    for t in tailers {
+        let (l, s, status) = t.await?;
+        latencies.extend(l);
+        starts.extend(s);
+        if status == "Completed" {
+            completed += 1;
+        }
+    }
+    let wall = started.elapsed();
+    let cpu = rusage_cpu_ms() - cpu0;
+    shutdown.cancel();
+    worker.await??;
+
+    latencies.sort_by(f64::total_cmp);
+    starts.sort_by(f64::total_cmp);
+    let rss_kb = peak_rss_kb();
+    println!(
+        "| store | N | completed | RSS/run | CPU/run | chunk→client p50/p99 | wall / ideal | events/s | peak active | time to start p50/max |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!(
+        "| {} | {} | {} | {} KB | {:.0} ms | {:.0} / {:.0} ms | {:.2} | {:.0} | {} | {:.0} / {:.0} ms |",
+        cli.store,
+        n,
+        completed,
+        rss_kb / n as u64,
+        cpu / n as f64,
+        percentile(&latencies, 0.5),
+        percentile(&latencies, 0.99),
+        wall.as_secs_f64() / ideal.as_secs_f64(),
+        events_total.load(Ordering::Relaxed) as f64 / wall.as_secs_f64(),
+        peak.load(Ordering::Relaxed),
+        percentile(&starts, 0.5),
+        starts.last().copied().unwrap_or(0.0),
+    );
+    if completed != n {
+        return Err(format!("{} of {n} runs did not complete", n - completed).into());
+    }
+    Ok(())
+}
