@@ -96,6 +96,14 @@ impl SandboxSlot {
                     location: sb.location(),
                 })
                 .await;
+            if let crate::Isolation::None { reason } = sb.isolation() {
+                self.log
+                    .emit(EngineEvent::SandboxNotIsolated {
+                        key: self.key.0.clone(),
+                        reason,
+                    })
+                    .await;
+            }
             Ok::<_, SandboxError>(sb)
         });
         match cancel.run_until_cancelled(fut).await {
@@ -587,6 +595,7 @@ impl EffectCtx {
         &self,
         program: String,
         args: Vec<String>,
+        env: Vec<(String, String)>,
         timeout: std::time::Duration,
     ) -> Result<ToolRun, EffectError> {
         let sandbox = self.target.slot.get(&self.cancel).await?;
@@ -594,7 +603,7 @@ impl EffectCtx {
             program: program.clone(),
             args,
             cwd: None,
-            env: Vec::new(),
+            env,
             timeout,
             output_cap: self.config.commands.output_cap,
         };
@@ -652,8 +661,21 @@ impl EffectCtx {
                     error: Some("installs are disabled (package manager: none)".into()),
                     ..Default::default()
                 },
-                Some((program, args)) => {
-                    self.exec(program, args, self.config.commands.install_timeout)
+                Some((program, mut args)) => {
+                    // Lifecycle scripts of packages (and of the model's own
+                    // package.json) are code: run them only where allowed.
+                    let sandbox = self.target.slot.get(&self.cancel).await?;
+                    let scripts_ok = self
+                        .config
+                        .commands
+                        .scripts
+                        .allows(sandbox.isolation().is_isolated());
+                    let mut env = Vec::new();
+                    if !scripts_ok {
+                        args.insert(1, "--ignore-scripts".into());
+                        env.push(("npm_config_ignore_scripts".into(), "true".into()));
+                    }
+                    self.exec(program, args, env, self.config.commands.install_timeout)
                         .await?
                 }
             };
@@ -684,23 +706,17 @@ impl EffectCtx {
             .chain(args.iter().map(String::as_str))
             .collect::<Vec<_>>()
             .join(" ");
-        if let Err(reason) = self.config.commands.check(&command, &args) {
-            self.log
-                .emit(EngineEvent::CommandRejected {
-                    key,
-                    command: command.clone(),
-                    args,
-                    reason: reason.clone(),
-                })
-                .await;
-            report.results.push(ToolResult {
-                index,
-                title: format!("command `{shown}`: rejected"),
-                exit_code: None,
-                body: reason,
-            });
+        let prepared = match self.prepare_command(&command, &args).await? {
+            Ok(p) => Some(p),
+            Err(reason) => {
+                self.reject(index, key.clone(), &command, &args, &shown, reason, report)
+                    .await;
+                None
+            }
+        };
+        let Some(prepared) = prepared else {
             return Ok(());
-        }
+        };
         if !self
             .admit_tool(index, &key, "command", &shown, report)
             .await
@@ -724,7 +740,12 @@ impl EffectCtx {
             prev
         } else {
             let r = self
-                .exec(command.clone(), args, self.config.commands.timeout)
+                .exec(
+                    prepared.program,
+                    prepared.args,
+                    prepared.env,
+                    self.config.commands.timeout,
+                )
                 .await?;
             self.complete_tool_run(&key, &r).await?;
             r
@@ -743,6 +764,63 @@ impl EffectCtx {
             })
             .await;
         Ok(())
+    }
+
+    /// The command as it will run, or why it may not: the policy (given
+    /// whether the sandbox isolates) and, for git, the workspace's config.
+    async fn prepare_command(
+        &self,
+        command: &str,
+        args: &[String],
+    ) -> Result<Result<super::config::PreparedCommand, String>, EffectError> {
+        let policy = &self.config.commands;
+        // Checks that do not depend on the sandbox first: a refused command
+        // never provisions one.
+        if let Err(reason) = policy.prepare(command, args, true) {
+            return Ok(Err(reason));
+        }
+        let sandbox = self.target.slot.get(&self.cancel).await?;
+        let prepared = match policy.prepare(command, args, sandbox.isolation().is_isolated()) {
+            Ok(p) => p,
+            Err(reason) => return Ok(Err(reason)),
+        };
+        if prepared.check_git_config {
+            // Files streamed so far may include `.git/config`.
+            self.target.flush().await?;
+            if let Some(reason) = git_hazard(&*sandbox).await {
+                return Ok(Err(reason));
+            }
+        }
+        Ok(Ok(prepared))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn reject(
+        &self,
+        index: u32,
+        key: String,
+        command: &str,
+        args: &[String],
+        shown: &str,
+        reason: String,
+        report: &mut EffectReport,
+    ) {
+        {
+            self.log
+                .emit(EngineEvent::CommandRejected {
+                    key,
+                    command: command.to_string(),
+                    args: args.to_vec(),
+                    reason: reason.clone(),
+                })
+                .await;
+            report.results.push(ToolResult {
+                index,
+                title: format!("command `{shown}`: rejected"),
+                exit_code: None,
+                body: reason,
+            });
+        }
     }
 
     async fn web_search(
@@ -829,6 +907,40 @@ impl EffectCtx {
         self.store
             .complete_effect(self.run_id, self.fence, key, result)
             .await
+    }
+}
+
+/// Why the workspace's git metadata may not be used by a git command, if
+/// it may not: a `.git` file (a link to another repository), a
+/// `commondir`/`alternates` pointing elsewhere, or configuration that runs
+/// programs ([`super::config::git_config_hazard`]).
+async fn git_hazard(sandbox: &dyn Sandbox) -> Option<String> {
+    let path = |p: &str| SandboxPath::new(p).ok();
+    for (p, what) in [
+        (".git/commondir", "links to another repository"),
+        (
+            ".git/objects/info/alternates",
+            "borrows objects from elsewhere",
+        ),
+    ] {
+        if let Some(sp) = path(p) {
+            if sandbox.read_file(&sp).await.is_ok() {
+                return Some(format!("`{p}` {what}; git is not allowed here"));
+            }
+        }
+    }
+    let config = path(".git/config")?;
+    match sandbox.read_file(&config).await {
+        Ok(bytes) => super::config::git_config_hazard(&String::from_utf8_lossy(&bytes)),
+        Err(SandboxError::NotFound { .. }) => {
+            // No repository yet, or `.git` is a file (`gitdir:` link).
+            let dot_git = path(".git")?;
+            match sandbox.read_file(&dot_git).await {
+                Ok(_) => Some("`.git` is a file linking to another repository".into()),
+                Err(_) => None,
+            }
+        }
+        Err(e) => Some(format!("`.git/config` cannot be checked: {e}")),
     }
 }
 

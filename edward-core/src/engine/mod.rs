@@ -51,6 +51,7 @@ pub use budget::{BudgetKind, BudgetState, Budgets};
 pub use config::{
     CommandPolicy, EngineConfig, Limits, MAX_ID_BYTES, MAX_PROMPT_BYTES, PackageManager, RunRequest,
 };
+pub use config::{PreparedCommand, ScriptPolicy, git_config_hazard};
 pub use events::{EngineEvent, ToolRun};
 pub use outcome::{StopReason, TurnFacts, TurnOutcome, decide_turn_outcome};
 pub use prompt::{NUDGE_MESSAGE, SYSTEM_PROMPT, ToolResult, bounded, continuation_message};
