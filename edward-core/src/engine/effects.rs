@@ -132,6 +132,8 @@ pub(crate) struct FlushTarget {
     keys: Mutex<HashMap<SandboxPath, Vec<String>>>,
     /// Files written (or failed) since the last drain: `(path, bytes, error)`.
     written: Mutex<Vec<(String, u64, Option<String>)>>,
+    /// When this worker's own pending files are due.
+    due: Mutex<Option<DueAt>>,
 }
 
 impl FlushTarget {
@@ -157,6 +159,7 @@ impl FlushTarget {
             flushing: tokio::sync::Mutex::new(()),
             keys: Mutex::new(HashMap::new()),
             written: Mutex::new(Vec::new()),
+            due: Mutex::new(None),
         }
     }
 
@@ -183,6 +186,7 @@ impl FlushTarget {
             Some(g) => g,
             None => return Err(EffectError::Stopped),
         };
+        *self.lock_due() = None;
         let files = self.buffer.take(self.slot.key()).await?;
         if files.is_empty() {
             return Ok(());
@@ -206,22 +210,7 @@ impl FlushTarget {
         match result {
             Ok(()) => {
                 for f in files {
-                    let keys = self.lock_keys().remove(&f.path).unwrap_or_default();
-                    let bytes = f.content.len() as u64;
-                    for k in &keys {
-                        self.store
-                            .complete_effect(self.run_id, self.fence, k, json!({ "bytes": bytes }))
-                            .await?;
-                    }
-                    self.log
-                        .emit(EngineEvent::FileWritten {
-                            key: keys.last().cloned().unwrap_or_default(),
-                            path: f.path.to_string(),
-                            bytes,
-                            reused: false,
-                        })
-                        .await;
-                    self.lock_written().push((f.path.to_string(), bytes, None));
+                    self.record_written(f).await?;
                 }
                 Ok(())
             }
@@ -230,25 +219,115 @@ impl FlushTarget {
                 self.buffer
                     .put(self.slot.key(), files, Utc::now(), self.policy)
                     .await?;
+                self.note_put(self.policy);
+                Ok(())
+            }
+            Err(e) if files.len() > 1 => {
+                // One bad file must not fail the others: write each alone
+                // (whole-file writes are idempotent) and report each.
+                tracing::debug!(run_id = %self.run_id, error = %e, "batch failed; writing files one by one");
+                for f in files {
+                    let one = vec![FileWrite {
+                        path: f.path.clone(),
+                        content: f.content.clone(),
+                    }];
+                    match self
+                        .cancel
+                        .run_until_cancelled(sandbox.write_files(one))
+                        .await
+                    {
+                        None => return Err(EffectError::Stopped),
+                        Some(Ok(())) => self.record_written(f).await?,
+                        Some(Err(e)) if e.is_retryable() => {
+                            self.buffer
+                                .put(self.slot.key(), vec![f], Utc::now(), self.policy)
+                                .await?;
+                            self.note_put(self.policy);
+                        }
+                        Some(Err(e)) => self.record_failed(f, &e).await,
+                    }
+                }
                 Ok(())
             }
             Err(e) => {
                 for f in files {
-                    let keys = self.lock_keys().remove(&f.path).unwrap_or_default();
-                    self.log
-                        .emit(EngineEvent::FileWriteFailed {
-                            key: keys.last().cloned().unwrap_or_default(),
-                            path: f.path.to_string(),
-                            error: e.to_string(),
-                        })
-                        .await;
-                    self.lock_written()
-                        .push((f.path.to_string(), 0, Some(e.to_string())));
+                    self.record_failed(f, &e).await;
                 }
                 Ok(())
             }
         }
     }
+
+    async fn record_written(&self, f: PendingFile) -> Result<(), EffectError> {
+        let keys = self.lock_keys().remove(&f.path).unwrap_or_default();
+        let bytes = f.content.len() as u64;
+        for k in &keys {
+            self.store
+                .complete_effect(self.run_id, self.fence, k, json!({ "bytes": bytes }))
+                .await?;
+        }
+        self.log
+            .emit(EngineEvent::FileWritten {
+                key: keys.last().cloned().unwrap_or_default(),
+                path: f.path.to_string(),
+                bytes,
+                reused: false,
+            })
+            .await;
+        self.lock_written().push((f.path.to_string(), bytes, None));
+        Ok(())
+    }
+
+    async fn record_failed(&self, f: PendingFile, e: &SandboxError) {
+        let keys = self.lock_keys().remove(&f.path).unwrap_or_default();
+        self.log
+            .emit(EngineEvent::FileWriteFailed {
+                key: keys.last().cloned().unwrap_or_default(),
+                path: f.path.to_string(),
+                error: e.to_string(),
+            })
+            .await;
+        self.lock_written()
+            .push((f.path.to_string(), 0, Some(e.to_string())));
+    }
+
+    /// Drop everything this run left pending (a turn that failed or was
+    /// cancelled): nothing stays in the buffer or its due index.
+    pub(crate) async fn discard_pending(&self) {
+        self.lock_keys().clear();
+        if let Err(e) = self.buffer.take(self.slot.key()).await {
+            tracing::warn!(run_id = %self.run_id, error = %e, "discarding pending writes failed");
+        }
+        *self.lock_due() = None;
+    }
+
+    fn lock_due(&self) -> std::sync::MutexGuard<'_, Option<DueAt>> {
+        self.due
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Note a put at `now` (the same rule as `WriteBuffer::put`), so the
+    /// scheduler finds this target without the shared due index.
+    fn note_put(&self, policy: crate::FlushPolicy) {
+        let now = tokio::time::Instant::now();
+        let mut due = self.lock_due();
+        let first = due.map_or(now, |d| d.first);
+        let at = (first + policy.max_wait).min(now + policy.debounce);
+        *due = Some(DueAt { first, at });
+    }
+
+    /// Whether a local put is due at `now`.
+    fn locally_due(&self, now: tokio::time::Instant) -> bool {
+        self.lock_due().is_some_and(|d| d.at <= now)
+    }
+}
+
+/// When a target's pending files are due (tracked per worker).
+#[derive(Debug, Clone, Copy)]
+struct DueAt {
+    first: tokio::time::Instant,
+    at: tokio::time::Instant,
 }
 
 /// The flush targets of one worker, looked up by the scheduler.
@@ -277,6 +356,10 @@ impl FlushRegistry {
 
     pub(crate) fn get(&self, key: &SandboxKey) -> Option<Arc<FlushTarget>> {
         self.lock().get(key).cloned()
+    }
+
+    fn all(&self) -> Vec<Arc<FlushTarget>> {
+        self.lock().values().cloned().collect()
     }
 }
 
@@ -314,14 +397,24 @@ pub(crate) async fn flush_scheduler(
         if shutdown.run_until_cancelled(tick.tick()).await.is_none() {
             return;
         }
-        let due = match buffer.due(Utc::now(), 256).await {
-            Ok(d) => d,
-            Err(e) => {
-                tracing::warn!(error = %e, "write buffer due() failed");
-                continue;
+        // This worker's own targets first: keys other workers (or runs that
+        // ended elsewhere) left in a shared due index can never crowd them out.
+        let now = tokio::time::Instant::now();
+        let mut targets: Vec<Arc<FlushTarget>> = registry
+            .all()
+            .into_iter()
+            .filter(|t| t.locally_due(now))
+            .collect();
+        match buffer.due(Utc::now(), 256).await {
+            Ok(due) => {
+                for t in due.iter().filter_map(|k| registry.get(k)) {
+                    if !targets.iter().any(|x| Arc::ptr_eq(x, &t)) {
+                        targets.push(t);
+                    }
+                }
             }
-        };
-        let targets: Vec<_> = due.iter().filter_map(|k| registry.get(k)).collect();
+            Err(e) => tracing::warn!(error = %e, "write buffer due() failed"),
+        }
         let flushes = targets.iter().map(|t| async move {
             if let Err(e) = t.flush().await {
                 if !matches!(e, EffectError::Stopped) {
@@ -340,6 +433,12 @@ pub(crate) enum EffectItem {
     Sandbox(SandboxSpec),
     /// A whole file (sent at `file_end`).
     File { path: String, content: String },
+    /// A file cut off before `</file>`: not written.
+    TruncatedFile {
+        path: String,
+        bytes: u64,
+        reason: String,
+    },
     /// An install block.
     Install {
         dependencies: Vec<String>,
@@ -463,6 +562,16 @@ impl EffectCtx {
                     index += 1;
                     self.file(i, path, content, &mut report).await?;
                 }
+                EffectItem::TruncatedFile {
+                    path,
+                    bytes,
+                    reason,
+                } => {
+                    let i = index;
+                    index += 1;
+                    self.truncated_file(i, path, bytes, reason, &mut report)
+                        .await;
+                }
                 EffectItem::Install {
                     dependencies,
                     framework,
@@ -521,8 +630,12 @@ impl EffectCtx {
             "fnv1a": format!("{:016x}", fnv1a(content.as_bytes())),
         });
         let rec = self.begin(&key, request.clone()).await?;
-        if rec.state == EffectState::Completed && rec.request == request {
-            // Written by a previous attempt: reuse, do not write again.
+        if rec.state == EffectState::Completed
+            && rec.request == request
+            && self.still_there(&sp, &content).await?
+        {
+            // Written by a previous attempt and still in the workspace:
+            // reuse, do not write again.
             self.log
                 .emit(EngineEvent::FileWritten {
                     key,
@@ -551,7 +664,61 @@ impl EffectCtx {
                 self.config.flush,
             )
             .await?;
+        self.target.note_put(self.config.flush);
         Ok(())
+    }
+
+    /// Whether the workspace still holds `content` at `path` (a resumed run
+    /// re-checks what a previous attempt recorded as written: the workspace
+    /// may have been wiped or changed since).
+    async fn still_there(&self, path: &SandboxPath, content: &str) -> Result<bool, EffectError> {
+        let sandbox = self.target.slot.get(&self.cancel).await?;
+        match self
+            .cancel
+            .run_until_cancelled(sandbox.read_file(path))
+            .await
+        {
+            None => Err(EffectError::Stopped),
+            Some(Ok(bytes)) => Ok(bytes.len() == content.len() && bytes == content.as_bytes()),
+            Some(Err(_)) => Ok(false),
+        }
+    }
+
+    /// A file the stream cut off: recorded (event + tool result), not
+    /// written, so a complete earlier version is never replaced by a prefix.
+    async fn truncated_file(
+        &self,
+        index: u32,
+        path: String,
+        bytes: u64,
+        reason: String,
+        report: &mut EffectReport,
+    ) {
+        let key = self.begin_key(index, "write");
+        let why = match reason.as_str() {
+            "length" => "the model hit its output token limit",
+            "output_budget" => "the run's output-token budget cut the stream",
+            "stop" | "stream_ended" => "the response ended before </file>",
+            _ => "the stream ended before </file>",
+        };
+        self.log
+            .emit(EngineEvent::FileTruncated {
+                key,
+                path: path.clone(),
+                bytes,
+                finish_reason: reason.clone(),
+            })
+            .await;
+        report.results.push(ToolResult {
+            index,
+            title: format!("file {path}: truncated, NOT written"),
+            exit_code: None,
+            body: format!(
+                "Only {bytes} bytes of {path} arrived ({why}; finish reason `{reason}`). \
+                 The file was not written: any previous content is unchanged. \
+                 Write the complete file again (split very large files)."
+            ),
+        });
     }
 
     /// Budget check before a tool runs: `false` = skipped (a `tool_skipped`

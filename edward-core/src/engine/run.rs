@@ -266,8 +266,28 @@ impl RunCtx {
             Ok(c) => c,
             Err(e) => return self.store_error(e),
         };
-        let restored: Option<(u32, RunState)> =
-            checkpoint.and_then(|c| serde_json::from_value(c.state).ok().map(|s| (c.turn, s)));
+        // A checkpoint that cannot be read fails the run: starting over at
+        // turn 1 would silently reset its budgets.
+        let restored: Option<(u32, RunState)> = match checkpoint {
+            None => None,
+            Some(c) => match serde_json::from_value::<RunState>(c.state) {
+                Ok(st) => Some((c.turn, st)),
+                Err(e) => {
+                    return self
+                        .finish(
+                            RunStatus::Failed,
+                            &format!(
+                                "error: the checkpoint after turn {} is unreadable ({e}); \
+                                 not restarting with fresh budgets",
+                                c.turn
+                            ),
+                            &BudgetState::default(),
+                            Utc::now(),
+                        )
+                        .await;
+                }
+            },
+        };
         // Discard file writes a previous attempt left pending: the turn is replayed.
         let key = crate::SandboxKey(format!("run-{}", self.run_id));
         let _ = self.inner.write_buffer.take(&key).await;
@@ -386,10 +406,17 @@ impl RunCtx {
         ));
         let _registered = self.registry.register(target.clone());
 
-        tokio::select! {
+        let end = tokio::select! {
             end = self.turns(&model, &budgets, &mut state, &target) => end,
             () = watch => AttemptEnd::Abandoned,
+        };
+        // Every terminal path (and a retry, which replays the turn) leaves
+        // nothing pending in the write buffer. An abandoned run's key now
+        // belongs to whoever resumes it, which discards it at start.
+        if !matches!(end, AttemptEnd::Abandoned) {
+            target.discard_pending().await;
         }
+        end
     }
 
     fn store_error(&self, e: StoreError) -> AttemptEnd {
@@ -815,9 +842,10 @@ impl RunCtx {
         let mut parsed = Vec::new();
         let mut output = String::new();
         let mut usage = None;
-        let mut file: Option<(String, String)> = None;
+        let mut file = OpenFile::default();
         let mut done = false;
         let mut budget_hit = false;
+        let mut finish: Option<crate::FinishReason> = None;
         loop {
             let next = match token.run_until_cancelled(stream.next()).await {
                 None => return Err(TurnError::Stopped),
@@ -828,7 +856,7 @@ impl RunCtx {
                 Some(Ok(ModelChunk::Text(t))) => {
                     output.push_str(&t);
                     parser.feed(&t, &mut parsed);
-                    self.dispatch(&mut parsed, &mut file, &mut done, &tx)
+                    self.dispatch(&mut parsed, &mut file, &mut done, &tx, None)
                         .await?;
                     if estimate_tokens(&output) >= out_budget {
                         budget_hit = true;
@@ -841,13 +869,25 @@ impl RunCtx {
                         .await;
                 }
                 Some(Ok(ModelChunk::Usage(u))) => usage = Some(u),
-                Some(Ok(ModelChunk::Finish(_))) => {}
+                Some(Ok(ModelChunk::Finish(f))) => finish = Some(f),
                 Some(Err(ModelError::Cancelled)) => return Err(TurnError::Stopped),
                 Some(Err(e)) => return Err(TurnError::Model(e)),
             }
         }
         parser.finish(&mut parsed);
-        self.dispatch(&mut parsed, &mut file, &mut done, &tx)
+        // Why the stream ended, for a file it cut off.
+        let end = if budget_hit {
+            "output_budget".to_string()
+        } else {
+            match &finish {
+                Some(crate::FinishReason::Stop) => "stop".into(),
+                Some(crate::FinishReason::Length) => "length".into(),
+                Some(crate::FinishReason::ContentFilter) => "content_filter".into(),
+                Some(crate::FinishReason::Other(o)) => o.clone(),
+                None => "stream_ended".into(),
+            }
+        };
+        self.dispatch(&mut parsed, &mut file, &mut done, &tx, Some(&end))
             .await?;
         Ok((output, usage, done, budget_hit))
     }
@@ -856,9 +896,13 @@ impl RunCtx {
     async fn dispatch(
         &self,
         parsed: &mut Vec<Event>,
-        file: &mut Option<(String, String)>,
+        open: &mut OpenFile,
         done: &mut bool,
         tx: &mpsc::Sender<EffectItem>,
+        // Why the stream ended, when this is its end: a file the end closes
+        // is truncated. Mid-stream (`</edward_sandbox>` before `</file>`)
+        // the model closed it itself, and it is written.
+        unclosed_reason: Option<&str>,
     ) -> Result<(), TurnError> {
         for ev in parsed.drain(..) {
             let item = match ev {
@@ -876,11 +920,12 @@ impl RunCtx {
                 }
                 Event::SandboxEnd | Event::InstallStart | Event::InstallEnd => None,
                 Event::FileStart { path } => {
-                    *file = Some((path, String::new()));
+                    *open.file_mut() = Some((path, String::new()));
+                    open.unclosed = false;
                     None
                 }
                 Event::FileContent { content } => {
-                    if let Some((path, buf)) = file.as_mut() {
+                    if let Some((path, buf)) = open.file_mut().as_mut() {
                         buf.push_str(&content);
                         self.log
                             .emit(EngineEvent::FileDelta {
@@ -893,9 +938,21 @@ impl RunCtx {
                     }
                     None
                 }
-                Event::FileEnd => file
-                    .take()
-                    .map(|(path, content)| EffectItem::File { path, content }),
+                Event::FileEnd => {
+                    let unclosed = std::mem::take(&mut open.unclosed);
+                    open.file.take().map(|(path, content)| {
+                        if let (true, Some(reason)) = (unclosed, unclosed_reason) {
+                            // Cut off: never replaces a complete file.
+                            EffectItem::TruncatedFile {
+                                path,
+                                bytes: content.len() as u64,
+                                reason: reason.to_string(),
+                            }
+                        } else {
+                            EffectItem::File { path, content }
+                        }
+                    })
+                }
                 Event::InstallContent {
                     dependencies,
                     framework,
@@ -917,6 +974,9 @@ impl RunCtx {
                     severity,
                     skipped_bytes,
                 } => {
+                    if code == crate::parser::ErrorCode::UnclosedFile {
+                        open.unclosed = true;
+                    }
                     self.log
                         .emit(EngineEvent::ParseError {
                             code: code.as_str().into(),
@@ -945,6 +1005,20 @@ impl RunCtx {
             }
         }
         Ok(())
+    }
+}
+
+/// The file being streamed, and whether the parser closed it implicitly
+/// (no `</file>`: the stream ended or another tag cut it off).
+#[derive(Default)]
+struct OpenFile {
+    file: Option<(String, String)>,
+    unclosed: bool,
+}
+
+impl OpenFile {
+    fn file_mut(&mut self) -> &mut Option<(String, String)> {
+        &mut self.file
     }
 }
 
