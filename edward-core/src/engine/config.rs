@@ -201,6 +201,10 @@ pub struct EngineConfig {
     /// A cancelled running run that has not finished after this long is
     /// finished `cancelled` out of band (backup for a lost cancel signal).
     pub cancel_grace: Duration,
+    /// A run whose earlier attempts ended abnormally this many times (the
+    /// worker crashed or lost its lease mid-run, the model panicked) is
+    /// finished `failed` instead of being claimed again (default 5).
+    pub max_abnormal_attempts: u32,
 }
 
 impl Default for EngineConfig {
@@ -219,6 +223,7 @@ impl Default for EngineConfig {
             effect_channel: 256,
             tail_backstop: Duration::from_secs(1),
             cancel_grace: Duration::from_secs(30),
+            max_abnormal_attempts: 5,
         }
     }
 }

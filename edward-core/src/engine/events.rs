@@ -114,6 +114,16 @@ pub enum EngineEvent {
         /// Why the stream ended (`length`, `stop`, `output_budget`, …).
         finish_reason: String,
     },
+    /// An attempt of the run ended abnormally (a panic in the worker); the
+    /// run is retried, and finished `failed` once too many attempts did.
+    AttemptFailed {
+        /// Queue attempt.
+        attempt: u32,
+        /// `panic`.
+        cause: String,
+        /// What happened.
+        error: String,
+    },
     /// A whole file is now in the sandbox.
     FileWritten {
         /// Idempotency key of the write.
@@ -323,6 +333,7 @@ impl EngineEvent {
             EngineEvent::SandboxReady { .. } => "sandbox_ready",
             EngineEvent::SandboxNotIsolated { .. } => "sandbox_not_isolated",
             EngineEvent::FileTruncated { .. } => "file_truncated",
+            EngineEvent::AttemptFailed { .. } => "attempt_failed",
             EngineEvent::FileWritten { .. } => "file_written",
             EngineEvent::FileWriteFailed { .. } => "file_write_failed",
             EngineEvent::InstallStarted { .. } => "install_started",

@@ -77,6 +77,9 @@ struct RunState {
     started_at: DateTime<Utc>,
     /// The last seq written when this checkpoint was taken.
     last_seq: u64,
+    /// Attempts that ended early, by cause.
+    #[serde(default)]
+    attempts: AttemptCounts,
 }
 
 /// How a run attempt ended on this worker.
@@ -88,6 +91,17 @@ pub(crate) enum AttemptEnd {
     Abandoned,
     /// A transient infrastructure failure: retry via the queue.
     Retry(String),
+    /// A permanent failure (a non-retryable store error): finish the run
+    /// `failed` rather than retrying what cannot succeed.
+    Fail(String),
+}
+
+/// Attempts of a run that ended early, by cause (saved in the checkpoint).
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
+#[serde(default)]
+struct AttemptCounts {
+    /// Attempts that failed on transient infrastructure and were retried.
+    infra: u32,
 }
 
 /// Terminal summary fields.
@@ -169,6 +183,7 @@ pub(crate) async fn execute(
     worker_id: String,
     control: Arc<RunControl>,
     registry: FlushRegistry,
+    max_infra: u32,
 ) -> AttemptEnd {
     let run_id = lease.run_id;
     let span = tracing::info_span!("run", run_id = %run_id, attempt = lease.attempt);
@@ -215,9 +230,28 @@ pub(crate) async fn execute(
             log: log.clone(),
             registry,
             lost: lost.clone(),
+            max_infra,
         };
         let driven = async {
-            let end = ctx.drive(run, &lease, &worker_id).await;
+            let end = match ctx.drive(run, &lease, &worker_id).await {
+                AttemptEnd::Fail(msg) => {
+                    // Through the single terminal path; if even that fails,
+                    // the queue's retry (and its dead-letter) takes over.
+                    match ctx
+                        .finish(
+                            RunStatus::Failed,
+                            &format!("error: {msg}"),
+                            &BudgetState::default(),
+                            Utc::now(),
+                        )
+                        .await
+                    {
+                        AttemptEnd::Fail(m) => AttemptEnd::Retry(m),
+                        end => end,
+                    }
+                }
+                end => end,
+            };
             log.close().await;
             end
         };
@@ -238,6 +272,8 @@ struct RunCtx {
     log: RunLog,
     registry: FlushRegistry,
     lost: CancellationToken,
+    /// Attempts that may fail on infrastructure before the run fails.
+    max_infra: u32,
 }
 
 impl RunCtx {
@@ -350,6 +386,7 @@ impl RunCtx {
                     previous_was_nudge: false,
                     started_at: Utc::now(),
                     last_seq: 0,
+                    attempts: AttemptCounts::default(),
                 }
             }
         };
@@ -406,9 +443,22 @@ impl RunCtx {
         ));
         let _registered = self.registry.register(target.clone());
 
+        // A run whose attempts keep dying (worker crash, model panic) is
+        // not re-claimed forever.
+        let abnormal = self.abnormal_attempts(lease, &state);
+        if abnormal >= self.inner.config.max_abnormal_attempts {
+            return AttemptEnd::Fail(format!(
+                "{abnormal} earlier attempts ended abnormally (worker crash, panic or lost \
+                 lease); giving up"
+            ));
+        }
         let end = tokio::select! {
             end = self.turns(&model, &budgets, &mut state, &target) => end,
             () = watch => AttemptEnd::Abandoned,
+        };
+        let end = match end {
+            AttemptEnd::Retry(msg) => self.count_retry(&mut state, msg).await,
+            end => end,
         };
         // Every terminal path (and a retry, which replays the turn) leaves
         // nothing pending in the write buffer. An abandoned run's key now
@@ -424,8 +474,44 @@ impl RunCtx {
             StoreError::StaleFence { .. } => AttemptEnd::Abandoned,
             // Finished elsewhere (cancel of a just-claimed run, reaper): the job is done.
             StoreError::Finished { .. } => AttemptEnd::Finished,
-            e => AttemptEnd::Retry(e.to_string()),
+            e if e.is_retryable() => AttemptEnd::Retry(e.to_string()),
+            e => AttemptEnd::Fail(format!("store: {e}")),
         }
+    }
+
+    /// After a retryable failure: count it (in the checkpoint) and give up
+    /// once `max_infra` attempts failed that way.
+    async fn count_retry(&self, state: &mut RunState, msg: String) -> AttemptEnd {
+        state.attempts.infra += 1;
+        let cp = Checkpoint {
+            turn: state.budget.turns,
+            state: serde_json::to_value(&*state).unwrap_or_default(),
+        };
+        // Best effort: the store may be what is failing.
+        if let Err(e) = self
+            .inner
+            .store
+            .save_checkpoint(self.run_id, self.fence, cp)
+            .await
+        {
+            tracing::warn!(error = %e, "could not record the failed attempt");
+        }
+        if state.attempts.infra >= self.max_infra {
+            return AttemptEnd::Fail(format!(
+                "gave up after {} attempts failed on infrastructure; last: {msg}",
+                state.attempts.infra
+            ));
+        }
+        AttemptEnd::Retry(msg)
+    }
+
+    /// The run's earlier attempts that ended abnormally (a crash, a panic,
+    /// a lost lease): claims that neither finished nor recorded a retry.
+    fn abnormal_attempts(&self, lease: &Lease, state: &RunState) -> u32 {
+        lease
+            .attempt
+            .saturating_sub(1)
+            .saturating_sub(state.attempts.infra)
     }
 
     async fn turns(
