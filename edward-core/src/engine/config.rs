@@ -205,6 +205,14 @@ pub struct EngineConfig {
     /// worker crashed or lost its lease mid-run, the model panicked) is
     /// finished `failed` instead of being claimed again (default 5).
     pub max_abnormal_attempts: u32,
+    /// Bytes one turn may produce (parsed output plus provider reasoning)
+    /// before the stream is cut and the run fails (default 8 MiB): bounds
+    /// what a runaway model can make the engine persist.
+    pub max_turn_output_bytes: usize,
+    /// Largest file a model may write (default 16 MiB). A bigger file is not
+    /// written (`file_write_failed` and a tool result) and its content is
+    /// not kept in memory.
+    pub max_file_bytes: usize,
 }
 
 impl Default for EngineConfig {
@@ -224,6 +232,8 @@ impl Default for EngineConfig {
             tail_backstop: Duration::from_secs(1),
             cancel_grace: Duration::from_secs(30),
             max_abnormal_attempts: 5,
+            max_turn_output_bytes: 8 * 1024 * 1024,
+            max_file_bytes: 16 * 1024 * 1024,
         }
     }
 }

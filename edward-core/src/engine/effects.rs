@@ -695,9 +695,28 @@ impl EffectCtx {
         report: &mut EffectReport,
     ) {
         let key = self.begin_key(index, "write");
+        if reason == "file_too_large" {
+            let limit = self.config.max_file_bytes;
+            let error = format!("{bytes} bytes is over the {limit}-byte file limit");
+            self.log
+                .emit(EngineEvent::FileWriteFailed {
+                    key,
+                    path: path.clone(),
+                    error: error.clone(),
+                })
+                .await;
+            report.results.push(ToolResult {
+                index,
+                title: format!("file {path}: NOT written"),
+                exit_code: None,
+                body: format!("{error}; split it into smaller files."),
+            });
+            return;
+        }
         let why = match reason.as_str() {
             "length" => "the model hit its output token limit",
             "output_budget" => "the run's output-token budget cut the stream",
+            "turn_output_cap" => "the turn's output passed its byte limit",
             "stop" | "stream_ended" => "the response ended before </file>",
             _ => "the stream ended before </file>",
         };

@@ -19,10 +19,9 @@ use super::effects::{
 };
 use super::events::EngineEvent;
 use super::outcome::{TurnFacts, TurnOutcome, decide_turn_outcome};
-use super::prompt::{NUDGE_MESSAGE, SYSTEM_PROMPT, bounded, continuation_message};
+use super::prompt::{BoundedText, NUDGE_MESSAGE, SYSTEM_PROMPT, continuation_message};
 use super::sink::{LogError, LogTuning, RunLog};
 use crate::parser::{Event, Parser};
-use crate::pricing::estimate_tokens;
 use crate::{
     Checkpoint, Fence, Lease, Message, ModelChunk, ModelError, ModelRequest, NewEvent, Notifier,
     Role, RunId, RunStatus, RunStore, StoreError, Usage,
@@ -169,11 +168,26 @@ impl From<LogError> for TurnError {
 }
 
 struct TurnReport {
-    output: String,
+    /// What the conversation keeps of the turn's output (bounded).
+    output_view: String,
+    /// Bytes of output, parsed text plus provider reasoning.
+    output_bytes: u64,
     usage: Option<Usage>,
     done: bool,
     effects: EffectReport,
     output_budget_hit: bool,
+    /// The turn produced more than `max_turn_output_bytes`: it was cut.
+    output_cap_hit: bool,
+}
+
+/// What the stream side of a turn reports.
+struct Streamed {
+    output: BoundedText,
+    thinking_bytes: usize,
+    usage: Option<Usage>,
+    done: bool,
+    budget_hit: bool,
+    cap_hit: bool,
 }
 
 /// Execute (or resume) a claimed run until it ends on this worker.
@@ -295,7 +309,10 @@ impl RunCtx {
             .model
             .clone()
             .unwrap_or_else(|| self.inner.default_model.clone());
-        let budgets = request.budgets.unwrap_or(self.inner.budgets);
+        // The engine's budgets are ceilings: a request may only lower them.
+        let budgets = request
+            .budgets
+            .map_or(self.inner.budgets, |b| b.capped_by(&self.inner.budgets));
 
         // Start fresh or resume from the checkpoint.
         let checkpoint = match self.inner.store.load_checkpoint(self.run_id).await {
@@ -627,7 +644,7 @@ impl RunCtx {
             // Account the turn.
             let usage = report.usage.unwrap_or(Usage {
                 input_tokens: est_input,
-                output_tokens: estimate_tokens(&report.output),
+                output_tokens: estimate_bytes_tokens(report.output_bytes as usize),
                 estimated: true,
             });
             let cost = price.cost(model, &usage);
@@ -675,6 +692,20 @@ impl RunCtx {
                     })
                     .await;
             }
+            if report.output_cap_hit {
+                return self
+                    .finish(
+                        RunStatus::Failed,
+                        &format!(
+                            "error: turn {turn} produced more than {} bytes of output \
+                             (max_turn_output_bytes); the stream was cut",
+                            self.inner.config.max_turn_output_bytes
+                        ),
+                        &state.budget,
+                        state.started_at,
+                    )
+                    .await;
+            }
             let outcome = decide_turn_outcome(&facts, &state.budget, budgets);
             self.log
                 .emit(EngineEvent::TurnFinished {
@@ -711,7 +742,7 @@ impl RunCtx {
                 TurnOutcome::Continue | TurnOutcome::Nudge => {
                     state.messages.push(Message {
                         role: Role::Assistant,
-                        content: bounded(&report.output, self.inner.config.output_view_cap),
+                        content: report.output_view.clone(),
                     });
                     let next = if outcome == TurnOutcome::Nudge {
                         NUDGE_MESSAGE.to_string()
@@ -855,15 +886,17 @@ impl RunCtx {
         let (streamed, effected) = tokio::join!(stream_side, effect_side);
         // A handler failure explains a stream that stopped early, so it wins.
         let effects_report = effected?;
-        let (output, usage, done, output_budget_hit) = streamed?;
+        let streamed = streamed?;
         // Turn end: everything pending goes to the sandbox now.
         target.flush().await?;
         Ok(TurnReport {
-            output,
-            usage,
-            done,
+            output_view: streamed.output.view(),
+            output_bytes: (streamed.output.len() + streamed.thinking_bytes) as u64,
+            usage: streamed.usage,
+            done: streamed.done,
             effects: effects_report,
-            output_budget_hit,
+            output_budget_hit: streamed.budget_hit,
+            output_cap_hit: streamed.cap_hit,
         })
     }
 
@@ -874,7 +907,7 @@ impl RunCtx {
         request: ModelRequest,
         tx: mpsc::Sender<EffectItem>,
         out_budget: u64,
-    ) -> Result<(String, Option<Usage>, bool, bool), TurnError> {
+    ) -> Result<Streamed, TurnError> {
         let token = self.control.token.clone();
         // A client that retries internally (the HTTP providers) is not
         // retried again here, or attempts would multiply.
@@ -926,13 +959,25 @@ impl RunCtx {
 
         let mut parser = Parser::new();
         let mut parsed = Vec::new();
-        let mut output = String::new();
+        let mut output = BoundedText::new(self.inner.config.output_view_cap);
+        let mut thinking_bytes = 0usize;
+        let mut cap_hit = false;
+        let max_bytes = self.inner.config.max_turn_output_bytes;
         let mut usage = None;
         let mut file = OpenFile::default();
         let mut done = false;
         let mut budget_hit = false;
         let mut finish: Option<crate::FinishReason> = None;
         loop {
+            let produced = output.len() + thinking_bytes;
+            if estimate_bytes_tokens(produced) >= out_budget && produced > 0 {
+                budget_hit = true;
+                break;
+            }
+            if produced > max_bytes {
+                cap_hit = true;
+                break;
+            }
             let next = match token.run_until_cancelled(stream.next()).await {
                 None => return Err(TurnError::Stopped),
                 Some(n) => n,
@@ -944,12 +989,11 @@ impl RunCtx {
                     parser.feed(&t, &mut parsed);
                     self.dispatch(&mut parsed, &mut file, &mut done, &tx, None)
                         .await?;
-                    if estimate_tokens(&output) >= out_budget {
-                        budget_hit = true;
-                        break;
-                    }
                 }
                 Some(Ok(ModelChunk::Thinking(t))) => {
+                    // Provider reasoning is output too: it counts against
+                    // the output-token cut and the per-turn byte bound.
+                    thinking_bytes += t.len();
                     self.log
                         .emit(EngineEvent::ThinkingDelta { content: t })
                         .await;
@@ -964,6 +1008,8 @@ impl RunCtx {
         // Why the stream ended, for a file it cut off.
         let end = if budget_hit {
             "output_budget".to_string()
+        } else if cap_hit {
+            "turn_output_cap".to_string()
         } else {
             match &finish {
                 Some(crate::FinishReason::Stop) => "stop".into(),
@@ -975,7 +1021,14 @@ impl RunCtx {
         };
         self.dispatch(&mut parsed, &mut file, &mut done, &tx, Some(&end))
             .await?;
-        Ok((output, usage, done, budget_hit))
+        Ok(Streamed {
+            output,
+            thinking_bytes,
+            usage,
+            done,
+            budget_hit,
+            cap_hit,
+        })
     }
 
     /// Turn parser events into run events and side-effect work.
@@ -1008,6 +1061,23 @@ impl RunCtx {
                 Event::FileStart { path } => {
                     *open.file_mut() = Some((path, String::new()));
                     open.unclosed = false;
+                    open.bytes = 0;
+                    open.too_big = false;
+                    None
+                }
+                Event::FileContent { content }
+                    if open.file.is_some() && {
+                        open.bytes += content.len();
+                        open.too_big || open.bytes > self.inner.config.max_file_bytes
+                    } =>
+                {
+                    // Too large: drop what was gathered, keep nothing more.
+                    if !open.too_big {
+                        open.too_big = true;
+                        if let Some((_, buf)) = open.file_mut().as_mut() {
+                            *buf = String::new();
+                        }
+                    }
                     None
                 }
                 Event::FileContent { content } => {
@@ -1026,8 +1096,16 @@ impl RunCtx {
                 }
                 Event::FileEnd => {
                     let unclosed = std::mem::take(&mut open.unclosed);
+                    let too_big = std::mem::take(&mut open.too_big);
+                    let bytes = std::mem::take(&mut open.bytes) as u64;
                     open.file.take().map(|(path, content)| {
-                        if let (true, Some(reason)) = (unclosed, unclosed_reason) {
+                        if too_big {
+                            EffectItem::TruncatedFile {
+                                path,
+                                bytes,
+                                reason: "file_too_large".into(),
+                            }
+                        } else if let (true, Some(reason)) = (unclosed, unclosed_reason) {
                             // Cut off: never replaces a complete file.
                             EffectItem::TruncatedFile {
                                 path,
@@ -1100,12 +1178,21 @@ impl RunCtx {
 struct OpenFile {
     file: Option<(String, String)>,
     unclosed: bool,
+    /// Bytes of the open file received so far.
+    bytes: usize,
+    /// Over `max_file_bytes`: its content is no longer kept or recorded.
+    too_big: bool,
 }
 
 impl OpenFile {
     fn file_mut(&mut self) -> &mut Option<(String, String)> {
         &mut self.file
     }
+}
+
+/// The token estimate of `bytes` bytes of output (as [`estimate_tokens`]).
+fn estimate_bytes_tokens(bytes: usize) -> u64 {
+    (bytes as u64).div_ceil(crate::pricing::BYTES_PER_TOKEN_ESTIMATE)
 }
 
 fn elapsed_ms(since: DateTime<Utc>) -> u64 {
