@@ -22,8 +22,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use clap::Parser;
 use edward::spi::{FinishReason, ModelChunk, ModelClient, ModelRequest, ModelStream};
 use edward::{
-    AdmissionLimits, Backend, Budgets, CancellationToken, Engine, EngineEvent, LocalSandboxProvider,
-    ModelError, RunRequest, Usage, WorkerConfig, async_trait,
+    AdmissionLimits, Backend, Budgets, CancellationToken, Engine, EngineEvent,
+    LocalSandboxProvider, ModelError, RunRequest, Usage, WorkerConfig, async_trait,
 };
 
 #[derive(Debug, Parser)]
@@ -160,7 +160,9 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 async fn backend(cli: &Cli, dir: &std::path::Path) -> Result<Backend, Box<dyn std::error::Error>> {
     Ok(match cli.store.as_str() {
         "memory" => Backend::memory(),
-        "sqlite" => edward::SqliteStore::open(dir.join("load.db")).await?.backend(),
+        "sqlite" => edward::SqliteStore::open(dir.join("load.db"))
+            .await?
+            .backend(),
         #[cfg(feature = "postgres")]
         "postgres" => {
             let url = cli
@@ -214,7 +216,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut tailers = Vec::with_capacity(n);
     for i in 0..n {
         let id = engine
-            .submit(RunRequest::new("load", format!("chat-{i}"), "stream a file"))
+            .submit(RunRequest::new(
+                "load",
+                format!("chat-{i}"),
+                "stream a file",
+            ))
             .await?;
         let submitted = Instant::now();
         let engine = engine.clone();

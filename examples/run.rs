@@ -51,6 +51,12 @@ struct Cli {
     /// A `postgres://` URL to use instead of the SQLite file.
     #[arg(long, env = "EDWARD_DATABASE_URL")]
     database_url: Option<String>,
+    /// Replay recorded model output instead of the demo: one file per turn,
+    /// in order (repeat the option). Each file is streamed as is, in 64-byte
+    /// chunks, so a response that stops inside a `<file>` is replayed
+    /// truncated; after the last one the model says `<edward_done/>`.
+    #[arg(long = "replay", value_name = "FILE")]
+    replay: Vec<PathBuf>,
 }
 
 /// Backends chosen from the command line. New options (a database URL, a
@@ -67,7 +73,16 @@ async fn build_backends(cli: &Cli) -> Result<Backends, Box<dyn std::error::Error
     let builder = Engine::builder()
         .backend(backend)
         .sandbox_provider(provider.clone() as Arc<dyn SandboxProvider>);
-    let engine = with_model_from_env(builder)?.build()?;
+    let engine = if cli.replay.is_empty() {
+        with_model_from_env(builder)?.build()?
+    } else {
+        let turns = cli.replay.iter().map(|f| {
+            std::fs::read_to_string(f).map_err(|e| format!("--replay {}: {e}", f.display()))
+        });
+        let model =
+            edward::core::scripted::ScriptedModel::new(turns.collect::<Result<Vec<_>, _>>()?);
+        builder.model_client(Arc::new(model)).build()?
+    };
     Ok(Backends { engine, provider })
 }
 
@@ -246,6 +261,17 @@ impl View {
             }
             EngineEvent::FileWriteFailed { path, error, .. } => {
                 self.line(&format!("  ✗ {path}: {error}"))
+            }
+            EngineEvent::FileTruncated {
+                path,
+                bytes,
+                finish_reason,
+                ..
+            } => self.line(&format!(
+                "  ✂ {path}: cut off after {bytes} bytes ({finish_reason}); not written"
+            )),
+            EngineEvent::SandboxNotIsolated { reason, .. } => {
+                self.line(&format!("  ⚠ sandbox not isolated: {reason}"))
             }
             EngineEvent::InstallStarted { dependencies, .. } => {
                 self.status(&format!("installing {}", dependencies.join(" ")))

@@ -7,6 +7,12 @@ cd "$(dirname "$0")/.."
 
 step() { printf '\n==> %s\n' "$*"; }
 
+step "bubblewrap (jails local sandbox commands; tests/jail.rs needs it)"
+if ! command -v bwrap >/dev/null 2>&1; then
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap) >/dev/null
+fi
+bwrap --version
+
 step "cargo fmt --check"
 cargo fmt --all -- --check
 

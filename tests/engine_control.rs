@@ -86,9 +86,18 @@ fn sleep_processes(marker: &str) -> usize {
     let mut n = 0;
     if let Ok(dir) = std::fs::read_dir("/proc") {
         for entry in dir.flatten() {
+            let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+            if stat
+                .rsplit_once(") ")
+                .is_some_and(|(_, r)| r.starts_with(['Z', 'X']))
+            {
+                continue; // killed, waiting to be reaped
+            }
             if let Ok(cmd) = std::fs::read(entry.path().join("cmdline")) {
                 let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-                if cmd.trim() == format!("sleep {marker}") {
+                // `sleep` or `/usr/bin/sleep` (resolved); not bubblewrap's own argv.
+                let cmd = cmd.trim();
+                if cmd.ends_with(&format!("sleep {marker}")) && cmd.split(' ').count() == 2 {
                     n += 1;
                 }
             }
@@ -122,6 +131,12 @@ async fn cancel_during_a_long_command_kills_it() {
     assert_eq!(terminal(&events)["status"], "cancelled");
     assert!(started.elapsed() < Duration::from_secs(10));
     assert!(kinds(&events, "command_finished").is_empty());
+    // In a jail the kernel tears the pid namespace down just after bubblewrap
+    // is reaped: bounded wait for it.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while sleep_processes(marker) > 0 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     assert_eq!(sleep_processes(marker), 0, "the process is gone");
     h.shutdown().await;
 }

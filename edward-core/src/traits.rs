@@ -221,11 +221,44 @@ pub struct ExecOutput {
     pub duration_ms: u64,
 }
 
+/// Whether a sandbox confines the commands it runs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Isolation {
+    /// Commands run with the host user's rights: they can read and write
+    /// whatever that user can. Running model-written code is code execution
+    /// on the host.
+    None {
+        /// Why (e.g. `bubblewrap not found`).
+        reason: String,
+    },
+    /// Commands are confined (a jail, a container): they see the workspace
+    /// and read-only system files, nothing they start outlives them.
+    Isolated {
+        /// How (`bubblewrap`, `docker`).
+        mechanism: String,
+    },
+}
+
+impl Isolation {
+    /// True for [`Isolation::Isolated`].
+    pub fn is_isolated(&self) -> bool {
+        matches!(self, Isolation::Isolated { .. })
+    }
+}
+
 /// A provisioned sandbox.
 #[async_trait]
 pub trait Sandbox: Send + Sync + 'static {
     /// Its key.
     fn key(&self) -> &SandboxKey;
+
+    /// Whether commands run confined. Default: not isolated.
+    fn isolation(&self) -> Isolation {
+        Isolation::None {
+            reason: "this sandbox does not isolate commands".into(),
+        }
+    }
 
     /// Where it lives, for humans (a directory, a container id).
     fn location(&self) -> String;

@@ -37,6 +37,39 @@ pub struct LocalSandboxConfig {
     /// reaped and for its output pipes to close before giving up on them
     /// (a process that left the group can keep a pipe open). Default 2 s.
     pub kill_grace: Duration,
+    /// Whether commands run inside a bubblewrap jail (default
+    /// [`Confinement::Auto`]: when `bwrap` is installed and works).
+    pub confinement: Confinement,
+    /// Where `bwrap` is (default: looked for in `/usr/bin`, `/bin`, `/usr/local/bin`).
+    pub bwrap_path: Option<PathBuf>,
+    /// Network access of jailed commands (default: package managers only).
+    pub network: NetworkAccess,
+}
+
+/// Whether [`crate::LocalSandbox`] confines its commands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Confinement {
+    /// Jail every command with bubblewrap when it is installed and works;
+    /// otherwise run unconfined and say so (`Sandbox::isolation`).
+    #[default]
+    Auto,
+    /// Jail every command; provisioning fails when bubblewrap is unusable.
+    Required,
+    /// Never jail (commands run with the host user's rights).
+    Off,
+}
+
+/// Network access of jailed commands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum NetworkAccess {
+    /// No command has network (a private network namespace with only loopback).
+    None,
+    /// Package managers (`npm`, `pnpm`, `yarn`, `bun`, `npx`) share the host
+    /// network, so installs work; everything else has none. Default.
+    #[default]
+    PackageManagers,
+    /// Every command shares the host network.
+    All,
 }
 
 impl Default for LocalSandboxConfig {
@@ -54,6 +87,9 @@ impl Default for LocalSandboxConfig {
             default_path: "/usr/local/bin:/usr/bin:/bin".into(),
             list_cap: 10_000,
             kill_grace: Duration::from_secs(2),
+            confinement: Confinement::Auto,
+            bwrap_path: None,
+            network: NetworkAccess::PackageManagers,
         }
     }
 }

@@ -195,9 +195,11 @@ fn environment(
     Ok(env)
 }
 
-/// Run `request` with `cwd` as working directory (already validated).
+/// Run `request` with `cwd` as working directory (already validated), inside
+/// a bubblewrap jail when `jail` names `bwrap`.
 pub(crate) async fn run(
     config: &LocalSandboxConfig,
+    jail: Option<&Path>,
     workspace: &Path,
     cwd: &Path,
     request: &ExecRequest,
@@ -213,9 +215,39 @@ pub(crate) async fn run(
         });
     }
     let env = environment(config, workspace, request)?;
-    let mut command = tokio::process::Command::new(&request.program);
+    let path = env
+        .iter()
+        .find(|(n, _)| n == "PATH")
+        .map(|(_, v)| v.clone())
+        .unwrap_or_default();
+    // An absolute program path: std then spawns with posix_spawn (no fork of
+    // a large process), and the jail needs it anyway.
+    let program = crate::jail::resolve_program(&request.program, &path, cwd).ok_or_else(|| {
+        SandboxError::Spawn {
+            command: request.program.clone(),
+            message: "program not found on the command's PATH".into(),
+        }
+    })?;
+    let mut command = match jail {
+        Some(bwrap) => {
+            let mut c = tokio::process::Command::new(bwrap);
+            c.args(crate::jail::bwrap_args(
+                config,
+                workspace,
+                cwd,
+                &request.program,
+                &program,
+                &request.args,
+            ));
+            c
+        }
+        None => {
+            let mut c = tokio::process::Command::new(&program);
+            c.arg0(&request.program).args(&request.args);
+            c
+        }
+    };
     command
-        .args(&request.args)
         .current_dir(cwd)
         .env_clear()
         .envs(env)
@@ -226,7 +258,15 @@ pub(crate) async fn run(
         .kill_on_drop(true);
 
     let started = Instant::now();
-    let mut child = command.spawn().map_err(|err| SandboxError::Spawn {
+    // Spawning blocks the calling thread until the child has exec'd: keep it
+    // off the async workers.
+    let spawned = tokio::task::spawn_blocking(move || command.spawn())
+        .await
+        .map_err(|err| SandboxError::Backend {
+            message: format!("spawn task failed: {err}"),
+            retryable: false,
+        })?;
+    let mut child = spawned.map_err(|err| SandboxError::Spawn {
         command: request.program.clone(),
         message: err.to_string(),
     })?;

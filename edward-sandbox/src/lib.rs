@@ -5,12 +5,37 @@
 //! directory and plain child processes. It is the embedded default: no daemon,
 //! no container runtime, nothing to install.
 //!
-//! # Not a security boundary
+//! # Confinement: the bubblewrap jail
 //!
-//! **`LocalSandbox` is a development sandbox. It does not isolate anything.**
-//! Commands run as the same user as the host process, with that user's file
-//! system, network and resources. What it does guarantee is hygiene, not
-//! containment:
+//! When bubblewrap (`bwrap`, Debian package `bubblewrap`) is installed and
+//! works, **every command runs in a jail** ([`Confinement::Auto`], the
+//! default; [`Confinement::Required`] refuses to provision without it):
+//!
+//! - its own user, mount, pid, network, ipc and uts namespaces
+//!   (`--unshare-all`): no network except for package managers
+//!   ([`NetworkAccess`]), no view of host processes;
+//! - the workspace is the only writable directory; `/usr`, `/bin`, `/lib*`,
+//!   `/opt` are read-only, `/etc` holds only what programs need to start
+//!   (users, name resolution, TLS roots, the dynamic linker), `/tmp` is a
+//!   private tmpfs, other workspaces and the sandboxes' root do not exist;
+//! - `--die-with-parent` and a pid namespace whose init exits with the
+//!   command: nothing it starts — background jobs, `setsid`/`nohup`
+//!   children — outlives `exec`.
+//!
+//! [`Sandbox::isolation`](edward_core::Sandbox::isolation) says which mode a
+//! sandbox is in, and the engine records a `sandbox_not_isolated` event when
+//! commands run unconfined.
+//!
+//! # Without bubblewrap: not a security boundary
+//!
+//! **Without the jail, `LocalSandbox` does not isolate anything.** Commands
+//! run as the same user as the host process, with that user's file system,
+//! network and resources. **Running a script the model wrote (`npm run`,
+//! `node app.js`, a `postinstall` hook) is then code execution on the host.**
+//! The engine's command policy refuses such launchers unless the sandbox
+//! isolates or the operator opts in, but its argument checks are defence in
+//! depth, not containment. What the unconfined sandbox does guarantee is
+//! hygiene:
 //!
 //! - file paths given to [`Sandbox::write_files`](edward_core::Sandbox::write_files),
 //!   [`read_file`](edward_core::Sandbox::read_file) and `exec`'s `cwd` stay inside
@@ -19,12 +44,9 @@
 //! - commands run with argv only (no shell), a cleared environment plus an
 //!   allowlist, stdin closed, in a fresh process group that is killed as a whole
 //!   on timeout, cancellation, or when the command exits, so no process outlives
-//!   its `exec` and no stray background job keeps running;
+//!   its `exec` and no stray background job keeps running (a process that
+//!   calls `setsid` leaves the group: only the jail catches it);
 //! - captured output is capped; the bytes beyond the cap are counted, not kept.
-//!
-//! A command can still read or write anything the host user can (`cat /etc/passwd`,
-//! `rm -rf ~`). Run untrusted model output in a Docker sandbox (planned, behind
-//! the `docker` feature) or inside a container/VM of your own.
 //!
 //! # Semantics
 //!
@@ -98,7 +120,8 @@
 mod config;
 mod exec;
 mod fs;
+mod jail;
 mod local;
 
-pub use config::LocalSandboxConfig;
+pub use config::{Confinement, LocalSandboxConfig, NetworkAccess};
 pub use local::{LocalSandbox, LocalSandboxProvider};

@@ -7,12 +7,13 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use bytes::Bytes;
 use edward_core::{
-    ExecOutput, ExecRequest, FileEntry, FileWrite, Sandbox, SandboxError, SandboxKey, SandboxPath,
-    SandboxProvider, SandboxSpec,
+    ExecOutput, ExecRequest, FileEntry, FileWrite, Isolation, Sandbox, SandboxError, SandboxKey,
+    SandboxPath, SandboxProvider, SandboxSpec,
 };
 use tokio_util::sync::CancellationToken;
 
-use crate::config::LocalSandboxConfig;
+use crate::config::{Confinement, LocalSandboxConfig};
+use crate::jail::JailSupport;
 
 /// Longest sanitised key prefix kept in a directory name.
 const MAX_PREFIX: usize = 48;
@@ -32,11 +33,13 @@ async fn blocking<T: Send + 'static>(
 /// Creates [`LocalSandbox`]es: one directory per key under a root directory.
 ///
 /// See the [crate docs](crate) for what it guarantees and, importantly, what it
-/// does not (it is not a security boundary).
+/// does not (without bubblewrap it is not a security boundary).
 #[derive(Debug, Clone)]
 pub struct LocalSandboxProvider {
     root: PathBuf,
     config: Arc<LocalSandboxConfig>,
+    /// Whether bubblewrap works here (probed once, on first provision).
+    jail: Arc<std::sync::OnceLock<JailSupport>>,
 }
 
 impl LocalSandboxProvider {
@@ -51,7 +54,32 @@ impl LocalSandboxProvider {
         LocalSandboxProvider {
             root: root.into(),
             config: Arc::new(config),
+            jail: Arc::default(),
         }
+    }
+
+    /// Whether commands of this provider's sandboxes run confined (probes
+    /// bubblewrap once).
+    pub async fn isolation(&self) -> Isolation {
+        match self.jail_support().await {
+            JailSupport::Bwrap(_) => Isolation::Isolated {
+                mechanism: "bubblewrap".into(),
+            },
+            JailSupport::Unavailable(reason) => Isolation::None { reason },
+        }
+    }
+
+    async fn jail_support(&self) -> JailSupport {
+        if let Some(j) = self.jail.get() {
+            return j.clone();
+        }
+        let config = Arc::clone(&self.config);
+        let detected = tokio::task::spawn_blocking(move || crate::jail::detect(&config))
+            .await
+            .unwrap_or_else(|e| {
+                JailSupport::Unavailable(format!("probing bubblewrap failed: {e}"))
+            });
+        self.jail.get_or_init(|| detected).clone()
     }
 
     /// The root directory, as given.
@@ -94,7 +122,11 @@ impl LocalSandboxProvider {
             prefix
         };
         let mut name = prefix;
-        let _ = write!(name, "-{:016x}", edward_core::hash::fnv1a64(key.0.as_bytes()));
+        let _ = write!(
+            name,
+            "-{:016x}",
+            edward_core::hash::fnv1a64(key.0.as_bytes())
+        );
         name
     }
 
@@ -138,11 +170,21 @@ impl LocalSandboxProvider {
             Ok(workspace)
         })
         .await?;
-        tracing::debug!(workspace = %workspace.display(), "sandbox provisioned");
+        let jail = self.jail_support().await;
+        if let (JailSupport::Unavailable(reason), Confinement::Required) =
+            (&jail, self.config.confinement)
+        {
+            return Err(SandboxError::Backend {
+                message: format!("confinement is required but unavailable: {reason}"),
+                retryable: false,
+            });
+        }
+        tracing::debug!(workspace = %workspace.display(), ?jail, "sandbox provisioned");
         Ok(LocalSandbox {
             key: key.clone(),
             workspace,
             config: Arc::clone(&self.config),
+            jail,
         })
     }
 }
@@ -187,7 +229,7 @@ impl SandboxProvider for LocalSandboxProvider {
 
 /// A sandbox that is a directory on the host plus child processes.
 ///
-/// **Not a security boundary** (see the [crate docs](crate)).
+/// **Confined by bubblewrap when available; otherwise not a security boundary** (see the [crate docs](crate)).
 ///
 /// # Process model of [`exec`](Sandbox::exec)
 ///
@@ -214,6 +256,7 @@ pub struct LocalSandbox {
     key: SandboxKey,
     workspace: PathBuf,
     config: Arc<LocalSandboxConfig>,
+    jail: JailSupport,
 }
 
 impl LocalSandbox {
@@ -231,6 +274,17 @@ impl Sandbox for LocalSandbox {
 
     fn location(&self) -> String {
         self.workspace.display().to_string()
+    }
+
+    fn isolation(&self) -> Isolation {
+        match &self.jail {
+            JailSupport::Bwrap(_) => Isolation::Isolated {
+                mechanism: "bubblewrap".into(),
+            },
+            JailSupport::Unavailable(reason) => Isolation::None {
+                reason: reason.clone(),
+            },
+        }
     }
 
     #[tracing::instrument(skip_all, fields(sandbox = %self.key, files = files.len()))]
@@ -283,6 +337,10 @@ impl Sandbox for LocalSandbox {
             }
         })
         .await?;
-        crate::exec::run(&self.config, &self.workspace, &cwd, &request, &cancel).await
+        let jail = match &self.jail {
+            JailSupport::Bwrap(path) => Some(path.as_path()),
+            JailSupport::Unavailable(_) => None,
+        };
+        crate::exec::run(&self.config, jail, &self.workspace, &cwd, &request, &cancel).await
     }
 }

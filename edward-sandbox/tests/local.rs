@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use edward_core::testkit::sandbox::{self as suite, command, file, fresh_key, path};
 use edward_core::{Sandbox, SandboxError, SandboxKey, SandboxProvider};
-use edward_sandbox::{LocalSandbox, LocalSandboxConfig, LocalSandboxProvider};
+use edward_sandbox::{Confinement, LocalSandbox, LocalSandboxConfig, LocalSandboxProvider};
 use tokio_util::sync::CancellationToken;
 
 fn tempdir() -> tempfile::TempDir {
@@ -87,18 +87,68 @@ fn is_dead(pid: i32) -> bool {
     }
 }
 
-/// Poll until `pid` is dead; SIGKILL delivery is asynchronous, so the process
-/// may need a moment to be torn down after `exec` returned.
-async fn wait_dead(pid: i32) -> bool {
+/// Host processes whose command line contains `marker` (a unique `sleep`
+/// argument): pids written from inside a jail are namespace pids, so the
+/// tests look processes up by what they run instead.
+fn processes_with(marker: &str) -> Vec<i32> {
+    let mut found = Vec::new();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return found;
+    };
+    for entry in dir.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        if let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) {
+            let text = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            if text.contains(marker) && !is_dead(pid) {
+                found.push(pid);
+            }
+        }
+    }
+    found
+}
+
+/// A unique `sleep` duration (about 60 s) to find the process by.
+fn marker() -> String {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("60.{}{:06}", std::process::id(), n)
+}
+
+/// Wait (bounded) until no process runs `marker`.
+async fn wait_gone(marker: &str) -> bool {
     let deadline = Instant::now() + Duration::from_secs(5);
     while Instant::now() < deadline {
-        if is_dead(pid) {
+        if processes_with(marker).is_empty() {
             return true;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    is_dead(pid)
+    processes_with(marker).is_empty()
 }
+
+/// A sandbox jailed or not: process tests run in both modes.
+async fn local_mode(
+    root: &Path,
+    name: &str,
+    confinement: Confinement,
+) -> (LocalSandboxProvider, LocalSandbox) {
+    let mut config = LocalSandboxConfig::default();
+    config.confinement = confinement;
+    let provider = LocalSandboxProvider::with_config(root, config);
+    let sandbox = provider
+        .provision_local(&fresh_key(name))
+        .await
+        .expect("provision (Required needs bubblewrap: run scripts/test.sh)");
+    (provider, sandbox)
+}
+
+const MODES: [Confinement; 2] = [Confinement::Off, Confinement::Required];
 
 async fn read_pid(sandbox: &LocalSandbox, name: &str) -> i32 {
     let bytes = sandbox.read_file(&path(name)).await.expect("pid file");
@@ -465,27 +515,38 @@ async fn missing_program_is_a_spawn_error() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grandchild_killed_on_timeout() {
-    let root = tempdir();
-    let (_provider, sandbox) = local(root.path(), "grandchild-timeout").await;
-    let mut request = command("sh", &["-c", "sleep 60 & echo $! > pid; wait"]);
-    request.timeout = Duration::from_millis(500);
-    let out = sandbox
-        .exec(request, CancellationToken::new())
-        .await
-        .unwrap();
-    assert!(out.timed_out);
-    assert_eq!(out.exit_code, None);
-    let pid = read_pid(&sandbox, "pid").await;
-    assert!(
-        wait_dead(pid).await,
-        "grandchild {pid} survived the timeout"
-    );
+    for mode in MODES {
+        let root = tempdir();
+        let (_provider, sandbox) = local_mode(root.path(), "grandchild-timeout", mode).await;
+        let m = marker();
+        let script = format!("sleep {m} & echo $! > pid; wait");
+        let mut request = command("sh", &["-c", &script]);
+        request.timeout = Duration::from_millis(500);
+        let out = sandbox
+            .exec(request, CancellationToken::new())
+            .await
+            .unwrap();
+        assert!(out.timed_out);
+        assert_eq!(out.exit_code, None);
+        assert!(
+            wait_gone(&m).await,
+            "{mode:?}: grandchild survived the timeout"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grandchild_killed_on_cancel() {
+    for mode in MODES {
+        grandchild_killed_on_cancel_in(mode).await;
+    }
+}
+
+async fn grandchild_killed_on_cancel_in(mode: Confinement) {
     let root = tempdir();
-    let (_provider, sandbox) = local(root.path(), "grandchild-cancel").await;
+    let (_provider, sandbox) = local_mode(root.path(), "grandchild-cancel", mode).await;
+    let m = marker();
+    let script = format!("sleep {m} & echo $! > pid; wait");
     let sandbox = Arc::new(sandbox);
     let cancel = CancellationToken::new();
     let canceller = {
@@ -497,48 +558,61 @@ async fn grandchild_killed_on_cancel() {
             started
         })
     };
-    let mut request = command("sh", &["-c", "sleep 60 & echo $! > pid; wait"]);
+    let mut request = command("sh", &["-c", &script]);
     request.timeout = Duration::from_secs(60);
     let started = Instant::now();
     let result = sandbox.exec(request, cancel).await;
     assert!(canceller.await.unwrap(), "command never started");
     assert!(matches!(result, Err(SandboxError::Cancelled)), "{result:?}");
     assert!(started.elapsed() < Duration::from_secs(10));
-    let pid = read_pid(&sandbox, "pid").await;
-    assert!(wait_dead(pid).await, "grandchild {pid} survived the cancel");
+    assert!(
+        wait_gone(&m).await,
+        "{mode:?}: grandchild survived the cancel"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn background_job_killed_when_command_exits() {
-    let root = tempdir();
-    let (_provider, sandbox) = local(root.path(), "background").await;
-    // The background `sleep` inherits stdout: without the group kill, the
-    // pipe would stay open and exec would wait for 60 s.
-    let started = Instant::now();
-    let out = sandbox
-        .exec(
-            command("sh", &["-c", "sleep 60 & echo $! > pid; echo bye"]),
-            CancellationToken::new(),
-        )
-        .await
-        .unwrap();
-    assert_eq!(out.exit_code, Some(0));
-    assert_eq!(out.stdout, "bye\n");
-    assert!(!out.timed_out);
-    assert!(started.elapsed() < Duration::from_secs(5));
-    let pid = read_pid(&sandbox, "pid").await;
-    assert!(wait_dead(pid).await, "background job {pid} outlived exec");
+    for mode in MODES {
+        let root = tempdir();
+        let (_provider, sandbox) = local_mode(root.path(), "background", mode).await;
+        // The background `sleep` inherits stdout: without the group kill, the
+        // pipe would stay open and exec would wait for 60 s.
+        let m = marker();
+        let script = format!("sleep {m} & echo $! > pid; echo bye");
+        let started = Instant::now();
+        let out = sandbox
+            .exec(command("sh", &["-c", &script]), CancellationToken::new())
+            .await
+            .unwrap();
+        assert_eq!(out.exit_code, Some(0));
+        assert_eq!(out.stdout, "bye\n");
+        assert!(!out.timed_out);
+        assert!(started.elapsed() < Duration::from_secs(5));
+        assert!(
+            wait_gone(&m).await,
+            "{mode:?}: background job outlived exec"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropped_exec_future_kills_the_group() {
+    for mode in MODES {
+        dropped_exec_future_kills_the_group_in(mode).await;
+    }
+}
+
+async fn dropped_exec_future_kills_the_group_in(mode: Confinement) {
     let root = tempdir();
-    let (_provider, sandbox) = local(root.path(), "dropped").await;
+    let (_provider, sandbox) = local_mode(root.path(), "dropped", mode).await;
     let sandbox = Arc::new(sandbox);
+    let m = marker();
     let exec = {
         let sandbox = Arc::clone(&sandbox);
+        let script = format!("sleep {m} & echo $! > pid; wait");
         tokio::spawn(async move {
-            let mut request = command("sh", &["-c", "sleep 60 & echo $! > pid; wait"]);
+            let mut request = command("sh", &["-c", &script]);
             request.timeout = Duration::from_secs(60);
             sandbox.exec(request, CancellationToken::new()).await
         })
@@ -549,10 +623,9 @@ async fn dropped_exec_future_kills_the_group() {
     );
     exec.abort(); // drops the exec future without cancelling
     assert!(exec.await.unwrap_err().is_cancelled());
-    let pid = read_pid(&sandbox, "pid").await;
     assert!(
-        wait_dead(pid).await,
-        "grandchild {pid} outlived the dropped exec"
+        wait_gone(&m).await,
+        "{mode:?}: grandchild outlived the dropped exec"
     );
 }
 
@@ -561,6 +634,9 @@ async fn process_that_left_the_group_cannot_hang_exec() {
     let root = tempdir();
     let mut config = LocalSandboxConfig::default();
     config.kill_grace = Duration::from_millis(300);
+    // Unconfined on purpose: in the jail the escapee dies with the namespace
+    // (tests/jail.rs), and the pid it writes is not a host pid.
+    config.confinement = Confinement::Off;
     let provider = LocalSandboxProvider::with_config(root.path(), config);
     let sandbox = provider
         .provision_local(&fresh_key("setsid"))
@@ -600,8 +676,9 @@ async fn environment_is_cleared_to_the_allowlist() {
         .exec(request, CancellationToken::new())
         .await
         .unwrap();
+    // PWD: bubblewrap sets it to the working directory.
     let allowed = [
-        "PATH", "LANG", "LC_ALL", "LC_CTYPE", "TERM", "TZ", "NODE_ENV", "HOME", "EXTRA",
+        "PATH", "LANG", "LC_ALL", "LC_CTYPE", "TERM", "TZ", "NODE_ENV", "HOME", "EXTRA", "PWD",
     ];
     let mut names = Vec::new();
     for line in out.stdout.lines() {
@@ -640,7 +717,12 @@ async fn configured_env_and_home_apply_and_request_wins() {
         .exec(request, CancellationToken::new())
         .await
         .unwrap();
-    let mut lines: Vec<&str> = out.stdout.lines().collect();
+    // PWD: bubblewrap sets it to the working directory.
+    let mut lines: Vec<&str> = out
+        .stdout
+        .lines()
+        .filter(|l| !l.starts_with("PWD="))
+        .collect();
     lines.sort_unstable();
     let home_line = format!("HOME={}", home.path().display());
     let mut expected = vec![

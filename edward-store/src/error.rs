@@ -37,10 +37,11 @@ pub(crate) fn is_retryable(err: &sqlx::Error) -> bool {
                 "40001" | "40P01" | "55P03" | "57P01" | "57P02" | "57P03" | "53300" => true,
                 c if c.starts_with("08") => true,
                 // SQLite: the primary result code is the low byte of the
-                // extended code; 5 = BUSY, 6 = LOCKED.
+                // extended code; 5 = BUSY, 6 = LOCKED, 10 = IOERR, 13 = FULL
+                // (space can be freed; the writer connection is recovered).
                 c => c
                     .parse::<i64>()
-                    .map(|n| matches!(n & 0xff, 5 | 6))
+                    .map(|n| matches!(n & 0xff, 5 | 6 | 10 | 13))
                     .unwrap_or(false),
             }
         }

@@ -10,7 +10,7 @@
 
 use std::path::Path;
 use std::str::FromStr;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -53,9 +53,14 @@ const RUN_COLUMNS: &str = "id, user_id, chat_id, status, request, fence, last_se
 /// ```
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
-    writer: SqlitePool,
+    /// The single-connection writer pool; replaced when its connection is
+    /// left broken (see [`SqliteStore::recover_writer`]).
+    writer: Arc<RwLock<(u64, SqlitePool)>>,
     reader: SqlitePool,
     in_memory: bool,
+    /// How to build a new writer pool (`None` for in-memory databases,
+    /// whose data lives in the one connection).
+    rebuild: Option<Arc<(SqliteConnectOptions, StoreOptions)>>,
 }
 
 impl SqliteStore {
@@ -105,21 +110,7 @@ impl SqliteStore {
             })
             .synchronous(SqliteSynchronous::Normal)
             .busy_timeout(store.acquire_timeout);
-        let writer = SqlitePoolOptions::new()
-            .max_connections(1)
-            .acquire_timeout(store.acquire_timeout)
-            // An in-memory database lives only as long as its connection.
-            .idle_timeout(if in_memory {
-                None
-            } else {
-                Some(Duration::from_secs(600))
-            })
-            .max_lifetime(if in_memory {
-                None
-            } else {
-                Some(Duration::from_secs(1800))
-            })
-            .connect_with(connect.clone())
+        let writer = writer_pool(&connect, &store, in_memory)
             .await
             .map_err(ConnectError::Connect)?;
         if store.run_migrations {
@@ -131,14 +122,15 @@ impl SqliteStore {
             SqlitePoolOptions::new()
                 .max_connections(store.max_connections)
                 .acquire_timeout(store.acquire_timeout)
-                .connect_with(connect.read_only(true))
+                .connect_with(connect.clone().read_only(true))
                 .await
                 .map_err(ConnectError::Connect)?
         };
         Ok(SqliteStore {
-            writer,
+            writer: Arc::new(RwLock::new((0, writer))),
             reader,
             in_memory,
+            rebuild: (!in_memory).then(|| Arc::new((connect, store))),
         })
     }
 
@@ -164,13 +156,93 @@ impl SqliteStore {
 
     /// Close both pools.
     pub async fn close(&self) {
-        self.writer.close().await;
+        self.writer().close().await;
         self.reader.close().await;
     }
 
-    async fn begin_write(&self) -> Result<Transaction<'static, Sqlite>, sqlx::Error> {
-        self.writer.begin_with("BEGIN IMMEDIATE").await
+    fn writer(&self) -> SqlitePool {
+        self.current_writer().1
     }
+
+    /// The writer pool and its generation.
+    fn current_writer(&self) -> (u64, SqlitePool) {
+        self.writer
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    async fn begin_write(&self) -> Result<Transaction<'static, Sqlite>, sqlx::Error> {
+        let (generation, pool) = self.current_writer();
+        match pool.begin_with("BEGIN IMMEDIATE").await {
+            Err(e) if connection_is_broken(&e) => {
+                // A failed COMMIT (e.g. "database or disk is full") can leave
+                // the one writer connection inside a transaction that sqlx
+                // no longer tracks: every later write would fail. Replace it.
+                self.recover_writer(generation, &e).await?;
+                self.writer().begin_with("BEGIN IMMEDIATE").await
+            }
+            r => r,
+        }
+    }
+
+    /// Replace the writer pool of generation `broken` (if no one did already) with a new
+    /// one; the old connection is closed, which rolls back whatever it had open.
+    async fn recover_writer(&self, broken: u64, cause: &sqlx::Error) -> Result<(), sqlx::Error> {
+        let Some(rebuild) = &self.rebuild else {
+            return Ok(());
+        };
+        tracing::warn!(error = %cause, "SQLite writer connection is broken; reconnecting");
+        let fresh = writer_pool(&rebuild.0, &rebuild.1, false).await?;
+        let old = {
+            let mut w = self
+                .writer
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if w.0 != broken {
+                // Someone else recovered meanwhile: keep theirs.
+                None
+            } else {
+                Some(std::mem::replace(&mut *w, (broken + 1, fresh.clone())).1)
+            }
+        };
+        let Some(old) = old else {
+            fresh.close().await;
+            return Ok(());
+        };
+        old.close().await;
+        Ok(())
+    }
+}
+
+/// The one-connection writer pool.
+async fn writer_pool(
+    connect: &SqliteConnectOptions,
+    store: &StoreOptions,
+    in_memory: bool,
+) -> Result<SqlitePool, sqlx::Error> {
+    SqlitePoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(store.acquire_timeout)
+        // An in-memory database lives only as long as its connection.
+        .idle_timeout(if in_memory {
+            None
+        } else {
+            Some(Duration::from_secs(600))
+        })
+        .max_lifetime(if in_memory {
+            None
+        } else {
+            Some(Duration::from_secs(1800))
+        })
+        .connect_with(connect.clone())
+        .await
+}
+
+/// Whether the writer connection can no longer start transactions: sqlx
+/// still counts an earlier transaction as open (its COMMIT failed).
+fn connection_is_broken(e: &sqlx::Error) -> bool {
+    e.to_string().contains("non-zero transaction depth")
 }
 
 fn micros(at: DateTime<Utc>) -> i64 {
@@ -404,6 +476,17 @@ impl RunStore for SqliteStore {
         .map_err(store_err)?;
         let stored = run_from_row(&row)?;
         insert_events(&mut tx, run.id, 1, at, vec![run.first_event]).await?;
+        // The queue lives in the same database: the run is enqueued in the
+        // admitting transaction, so a crash can never leave it admitted
+        // (holding a slot) but unqueued. `enqueue` afterwards is a no-op.
+        sqlx::query(
+            "INSERT INTO queue (run_id, run_at) VALUES (?, ?) ON CONFLICT (run_id) DO NOTHING",
+        )
+        .bind(run.id.0)
+        .bind(micros(at))
+        .execute(&mut *tx)
+        .await
+        .map_err(store_err)?;
         tx.commit().await.map_err(store_err)?;
         Ok(stored)
     }
@@ -713,7 +796,7 @@ impl RunQueue for SqliteStore {
         )
         .bind(run_id.0)
         .bind(micros(now()))
-        .execute(&self.writer)
+        .execute(&self.writer())
         .await
         .map_err(queue_err)?;
         Ok(())
@@ -769,7 +852,7 @@ impl RunQueue for SqliteStore {
         .bind(lease.run_id.0)
         .bind(&lease.owner)
         .bind(queue_range(lease.fence.0)?)
-        .fetch_optional(&self.writer)
+        .fetch_optional(&self.writer())
         .await
         .map_err(queue_err)?;
         match row {
@@ -785,7 +868,7 @@ impl RunQueue for SqliteStore {
         .bind(lease.run_id.0)
         .bind(&lease.owner)
         .bind(queue_range(lease.fence.0)?)
-        .execute(&self.writer)
+        .execute(&self.writer())
         .await
         .map_err(queue_err)?;
         if done.rows_affected() == 0 {

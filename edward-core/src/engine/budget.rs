@@ -113,6 +113,33 @@ pub struct InvalidBudget {
     pub reason: String,
 }
 
+impl Budgets {
+    /// These budgets with every limit no higher than `ceiling`'s: the
+    /// operator's budgets are ceilings a request may only lower. A
+    /// `max_cost_usd` of 0 means "no cost limit", so it never lifts a
+    /// ceiling above 0.
+    pub fn capped_by(&self, ceiling: &Budgets) -> Budgets {
+        let cost = match (self.max_cost_usd, ceiling.max_cost_usd) {
+            (_, c) if c <= 0.0 => self.max_cost_usd,
+            (r, c) if r <= 0.0 => c,
+            (r, c) => r.min(c),
+        };
+        Budgets {
+            max_turns: self.max_turns.min(ceiling.max_turns),
+            max_tool_calls_per_turn: self
+                .max_tool_calls_per_turn
+                .min(ceiling.max_tool_calls_per_turn),
+            max_tool_calls_per_run: self
+                .max_tool_calls_per_run
+                .min(ceiling.max_tool_calls_per_run),
+            max_input_tokens: self.max_input_tokens.min(ceiling.max_input_tokens),
+            max_output_tokens: self.max_output_tokens.min(ceiling.max_output_tokens),
+            max_cost_usd: cost,
+            deadline_ms: self.deadline_ms.min(ceiling.deadline_ms),
+        }
+    }
+}
+
 /// A budget's name, as it appears in events and terminal reasons.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -292,6 +319,38 @@ mod tests {
         };
         assert_eq!(b.validate().unwrap_err().field, "budgets.max_cost_usd");
         assert!(Budgets::default().validate().is_ok());
+    }
+
+    #[test]
+    fn request_budgets_can_only_lower_the_operators() {
+        let operator = Budgets::default();
+        let greedy = Budgets {
+            max_turns: 100,
+            max_tool_calls_per_turn: 200,
+            max_tool_calls_per_run: 2000,
+            max_input_tokens: 100_000_000,
+            max_output_tokens: 10_000_000,
+            max_cost_usd: 10_000.0,
+            deadline_ms: 24 * 3600 * 1000,
+        };
+        assert_eq!(greedy.capped_by(&operator), operator);
+        let no_cost_limit = Budgets {
+            max_cost_usd: 0.0,
+            ..greedy
+        };
+        assert_eq!(no_cost_limit.capped_by(&operator).max_cost_usd, 5.0);
+        let modest = Budgets {
+            max_turns: 3,
+            max_cost_usd: 0.5,
+            deadline_ms: 1000,
+            ..operator
+        };
+        assert_eq!(modest.capped_by(&operator), modest);
+        let unlimited_operator = Budgets {
+            max_cost_usd: 0.0,
+            ..operator
+        };
+        assert_eq!(modest.capped_by(&unlimited_operator).max_cost_usd, 0.5);
     }
 
     #[test]

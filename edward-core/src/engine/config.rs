@@ -7,7 +7,11 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::budget::Budgets;
-use crate::{FlushPolicy, SandboxPath};
+use crate::FlushPolicy;
+
+mod commands;
+
+pub use commands::{PreparedCommand, ScriptPolicy, git_config_hazard};
 
 /// The package manager used for `<edward_install>`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -66,6 +70,10 @@ pub struct CommandPolicy {
     pub install_timeout: Duration,
     /// Stdout and stderr kept per command, each (default 16 KiB).
     pub output_cap: usize,
+    /// When model-written code may run (`npm run`, `npx <pkg>`, `node app.js`,
+    /// install lifecycle scripts). Default: only in a sandbox that isolates.
+    #[serde(default)]
+    pub scripts: ScriptPolicy,
 }
 
 impl Default for CommandPolicy {
@@ -81,6 +89,7 @@ impl Default for CommandPolicy {
             timeout: Duration::from_secs(120),
             install_timeout: Duration::from_secs(300),
             output_cap: 16 * 1024,
+            scripts: ScriptPolicy::default(),
         }
     }
 }
@@ -92,37 +101,41 @@ impl CommandPolicy {
         self
     }
 
-    /// Why `program args` may not run, if it may not.
-    ///
-    /// The program must be a bare allowlisted name. An argument that looks
-    /// like a path — absolute, starting with `~`, or containing `..` (also
-    /// after a `--flag=` prefix) — must normalise to a path inside the workspace.
+    /// Set when model-written scripts may run.
+    pub fn with_scripts(mut self, scripts: ScriptPolicy) -> Self {
+        self.scripts = scripts;
+        self
+    }
+
+    /// Why `program args` may not run in a sandbox that does not isolate,
+    /// if it may not (see [`CommandPolicy::prepare`]).
     pub fn check(&self, program: &str, args: &[String]) -> Result<(), String> {
+        self.prepare(program, args, false).map(|_| ())
+    }
+
+    /// Check `program args` and return it as it will run, or why it may not.
+    ///
+    /// The program must be a bare allowlisted name. Every path an argument
+    /// can carry — the whole argument, `--opt=value`, a glued short option
+    /// (`-t/abs`, `-f../x`), `name=value`, `file:…` — must stay inside the
+    /// workspace. Launchers get per-program rules (`find -exec`, `node -e`,
+    /// `npx -c`, `npm exec`, git options and subcommands that run programs are
+    /// refused; scripts the model wrote run only as [`CommandPolicy::scripts`]
+    /// allows, given whether the sandbox `isolated` commands).
+    pub fn prepare(
+        &self,
+        program: &str,
+        args: &[String],
+        isolated: bool,
+    ) -> Result<PreparedCommand, String> {
         if program.contains('/') || program.contains('\\') {
             return Err(format!("`{program}`: the program must be a bare name"));
         }
         if !self.allowlist.contains(program) {
             return Err(format!("`{program}` is not on the command allowlist"));
         }
-        for arg in args {
-            let candidates = match arg.split_once('=') {
-                Some((_, v)) if arg.starts_with('-') => vec![arg.as_str(), v],
-                _ => vec![arg.as_str()],
-            };
-            for c in candidates {
-                if c.starts_with('~') {
-                    return Err(format!("argument `{arg}` refers to the home directory"));
-                }
-                let looks_like_path = c.starts_with('/') || c.starts_with('\\') || c.contains("..");
-                if looks_like_path && c != ".." && SandboxPath::new(c).is_err() {
-                    return Err(format!("argument `{arg}` points outside the workspace"));
-                }
-                if c == ".." {
-                    return Err(format!("argument `{arg}` points outside the workspace"));
-                }
-            }
-        }
-        Ok(())
+        commands::check_paths(args)?;
+        commands::program_rules(program, args, self.scripts.allows(isolated))
     }
 }
 
@@ -161,6 +174,18 @@ pub struct EngineConfig {
     /// do it; a worker starting up also reaps runs finished while no worker
     /// was running.
     pub sandbox_retention: Option<Duration>,
+    /// A run whose earlier attempts ended abnormally this many times (the
+    /// worker crashed or lost its lease mid-run, the model panicked) is
+    /// finished `failed` instead of being claimed again (default 5).
+    pub max_abnormal_attempts: u32,
+    /// Bytes one turn may produce (parsed output plus provider reasoning)
+    /// before the stream is cut and the run fails (default 8 MiB): bounds
+    /// what a runaway model can make the engine persist.
+    pub max_turn_output_bytes: usize,
+    /// Largest file a model may write (default 16 MiB). A bigger file is not
+    /// written (`file_write_failed` and a tool result) and its content is
+    /// not kept in memory.
+    pub max_file_bytes: usize,
 }
 
 impl Default for EngineConfig {
@@ -179,6 +204,9 @@ impl Default for EngineConfig {
             effect_channel: 256,
             tail_backstop: Duration::from_secs(1),
             sandbox_retention: None,
+            max_abnormal_attempts: 5,
+            max_turn_output_bytes: 8 * 1024 * 1024,
+            max_file_bytes: 16 * 1024 * 1024,
         }
     }
 }
@@ -270,6 +298,166 @@ mod tests {
                 .check("sleep", &["1".into()])
                 .is_ok()
         );
+    }
+
+    fn args(a: &[&str]) -> Vec<String> {
+        a.iter().map(|s| s.to_string()).collect()
+    }
+
+    /// The bypasses of issue 13 (and more of the same kinds): paths glued to
+    /// short options or after `=`, and launchers that run arbitrary code.
+    #[test]
+    fn glued_and_equals_forms_cannot_leave_the_workspace() {
+        let p = CommandPolicy::default();
+        for (prog, a) in [
+            ("cp", vec!["-t/abs", "a.txt"]),
+            ("cp", vec!["-t..", "a.txt"]),
+            ("cp", vec!["-t../sibling", "a.txt"]),
+            ("cp", vec!["-rt/abs", "a.txt"]),
+            ("cp", vec!["-vt~/x", "a.txt"]),
+            ("cp", vec!["--target-directory=/abs", "a.txt"]),
+            ("cp", vec!["--target-directory=..", "a.txt"]),
+            ("mv", vec!["-t/tmp", "a.txt"]),
+            ("grep", vec!["-f/etc/hostname", "x"]),
+            ("grep", vec!["-rf../x", "y"]),
+            ("grep", vec!["--file=/etc/hostname", "x"]),
+            ("grep", vec!["-r", "x", "/"]),
+            ("cat", vec!["src/../../x"]),
+            ("npm", vec!["install", "file:/etc"]),
+            ("npm", vec!["install", "file:../other"]),
+            ("npm", vec!["--prefix=/etc", "ls"]),
+            ("tsc", vec!["@/etc/args"]),
+            ("find", vec!["-fprint/abs"]),
+            ("ls", vec!["X=/abs"]),
+        ] {
+            let r = p.check(prog, &args(&a));
+            assert!(r.is_err(), "{prog} {a:?} passed");
+        }
+        for (prog, a) in [
+            ("cp", vec!["-t", "dist", "a.txt"]),
+            ("cp", vec!["-r", "src/", "dist/"]),
+            ("grep", vec!["-rn", "TODO", "src"]),
+            ("ls", vec!["-la"]),
+            ("npm", vec!["install", "https://example.com/x.tgz"]),
+            ("cat", vec!["src/../a.txt"]),
+        ] {
+            let r = p.check(prog, &args(&a));
+            assert!(r.is_ok(), "{prog} {a:?} refused: {r:?}");
+        }
+    }
+
+    #[test]
+    fn launchers_are_refused_or_gated() {
+        let p = CommandPolicy::default();
+        let always_denied: &[(&str, &[&str])] = &[
+            ("find", &[".", "-exec", "touch", "/tmp/x", ";"]),
+            ("find", &[".", "-execdir", "sh", ";"]),
+            ("find", &[".", "-ok", "sh", ";"]),
+            ("find", &[".", "-okdir", "sh", ";"]),
+            ("node", &["-e", "require('fs')"]),
+            ("node", &["-pe", "1"]),
+            ("node", &["--eval=1"]),
+            ("node", &["--print", "1"]),
+            ("node", &["-r", "./x.js"]),
+            ("node", &["--require=./x.js", "app.js"]),
+            ("node", &["--import=./x.mjs", "app.js"]),
+            ("node", &["--inspect=0.0.0.0:9229", "app.js"]),
+            ("npx", &["-c", "touch /tmp/x"]),
+            ("npx", &["--call=touch x"]),
+            ("npm", &["exec", "--", "touch", "x"]),
+            ("npm", &["x", "cowsay"]),
+            ("npm", &["exec", "-c", "touch x"]),
+            ("npm", &["--script-shell=./evil", "run", "x"]),
+            ("pnpm", &["exec", "touch", "x"]),
+            ("pnpm", &["dlx", "cowsay"]),
+            ("git", &["-c", "alias.x=!touch /tmp/x", "x"]),
+            ("git", &["-calias.x=!sh", "x"]),
+            ("git", &["--config-env=core.pager=X", "log"]),
+            ("git", &["--exec-path=.", "status"]),
+            ("git", &["x"]),
+            ("git", &["config", "core.fsmonitor", "./evil"]),
+            ("git", &["submodule", "update"]),
+            ("git", &["grep", "-O", "x"]),
+            ("git", &["diff", "--ext-diff"]),
+        ];
+        for (prog, a) in always_denied {
+            for isolated in [false, true] {
+                let r =
+                    p.clone()
+                        .with_scripts(ScriptPolicy::Always)
+                        .prepare(prog, &args(a), isolated);
+                assert!(r.is_err(), "{prog} {a:?} passed (isolated {isolated})");
+            }
+        }
+        let scripts: &[(&str, &[&str])] = &[
+            ("npm", &["run", "build"]),
+            ("npm", &["test"]),
+            ("npm", &["start"]),
+            ("npx", &["vite", "build"]),
+            ("node", &["app.js"]),
+            ("pnpm", &["build"]),
+        ];
+        for (prog, a) in scripts {
+            assert!(p.prepare(prog, &args(a), false).is_err(), "{prog} {a:?}");
+            assert!(p.prepare(prog, &args(a), true).is_ok(), "{prog} {a:?}");
+            let never = p.clone().with_scripts(ScriptPolicy::Never);
+            assert!(never.prepare(prog, &args(a), true).is_err(), "{prog} {a:?}");
+            let always = p.clone().with_scripts(ScriptPolicy::Always);
+            assert!(
+                always.prepare(prog, &args(a), false).is_ok(),
+                "{prog} {a:?}"
+            );
+        }
+        // Harmless forms stay allowed everywhere.
+        assert!(p.prepare("node", &args(&["--version"]), false).is_ok());
+        assert!(
+            p.prepare("npm", &args(&["install", "react"]), false)
+                .is_ok()
+        );
+        assert!(p.prepare("git", &args(&["status"]), false).is_ok());
+        assert!(
+            p.prepare("find", &args(&[".", "-name", "*.ts"]), false)
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn git_runs_with_configured_programs_disabled() {
+        let p = CommandPolicy::default();
+        let prepared = p
+            .prepare("git", &args(&["commit", "-m", "x"]), false)
+            .unwrap();
+        let joined = prepared.args.join(" ");
+        assert!(joined.contains("-c core.hooksPath=/dev/null"), "{joined}");
+        assert!(joined.contains("-c core.fsmonitor=false"), "{joined}");
+        assert!(joined.ends_with("commit -m x"), "{joined}");
+        assert!(prepared.check_git_config);
+        assert!(
+            prepared
+                .env
+                .contains(&("GIT_CONFIG_GLOBAL".into(), "/dev/null".into()))
+        );
+        // npm never runs lifecycle scripts where scripts are not allowed.
+        let npm = p.prepare("npm", &args(&["install"]), false).unwrap();
+        assert!(
+            npm.env
+                .contains(&("npm_config_ignore_scripts".into(), "true".into()))
+        );
+    }
+
+    #[test]
+    fn git_config_hazards() {
+        assert!(git_config_hazard("[core]\n\tfsmonitor = ./evil.sh\n").is_some());
+        assert!(git_config_hazard("[core]\nhooksPath=/tmp\n").is_some());
+        assert!(git_config_hazard("[filter \"x\"]\n clean = sh -c evil\n").is_some());
+        assert!(git_config_hazard("[diff \"x\"]\n textconv = evil\n").is_some());
+        assert!(git_config_hazard("[include]\n path = ../../x\n").is_some());
+        assert!(git_config_hazard("[includeIf \"gitdir:/\"]\n path = x\n").is_some());
+        assert!(git_config_hazard("[core]\n worktree = /\n").is_some());
+        assert!(git_config_hazard("[alias]\n x = !sh\n").is_some());
+        assert!(git_config_hazard("[core] sshCommand = evil").is_some());
+        let plain = "[core]\n\trepositoryformatversion = 0\n\tfilemode = true\n\tbare = false\n";
+        assert_eq!(git_config_hazard(plain), None);
     }
 
     #[test]

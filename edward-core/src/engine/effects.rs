@@ -96,6 +96,14 @@ impl SandboxSlot {
                     location: sb.location(),
                 })
                 .await;
+            if let crate::Isolation::None { reason } = sb.isolation() {
+                self.log
+                    .emit(EngineEvent::SandboxNotIsolated {
+                        key: self.key.0.clone(),
+                        reason,
+                    })
+                    .await;
+            }
             Ok::<_, SandboxError>(sb)
         });
         match cancel.run_until_cancelled(fut).await {
@@ -124,6 +132,8 @@ pub(crate) struct FlushTarget {
     keys: Mutex<HashMap<SandboxPath, Vec<String>>>,
     /// Files written (or failed) since the last drain: `(path, bytes, error)`.
     written: Mutex<Vec<(String, u64, Option<String>)>>,
+    /// When this worker's own pending files are due.
+    due: Mutex<Option<DueAt>>,
 }
 
 impl FlushTarget {
@@ -149,6 +159,7 @@ impl FlushTarget {
             flushing: tokio::sync::Mutex::new(()),
             keys: Mutex::new(HashMap::new()),
             written: Mutex::new(Vec::new()),
+            due: Mutex::new(None),
         }
     }
 
@@ -175,6 +186,7 @@ impl FlushTarget {
             Some(g) => g,
             None => return Err(EffectError::Stopped),
         };
+        *self.lock_due() = None;
         let files = self.buffer.take(self.slot.key()).await?;
         if files.is_empty() {
             return Ok(());
@@ -198,22 +210,7 @@ impl FlushTarget {
         match result {
             Ok(()) => {
                 for f in files {
-                    let keys = self.lock_keys().remove(&f.path).unwrap_or_default();
-                    let bytes = f.content.len() as u64;
-                    for k in &keys {
-                        self.store
-                            .complete_effect(self.run_id, self.fence, k, json!({ "bytes": bytes }))
-                            .await?;
-                    }
-                    self.log
-                        .emit(EngineEvent::FileWritten {
-                            key: keys.last().cloned().unwrap_or_default(),
-                            path: f.path.to_string(),
-                            bytes,
-                            reused: false,
-                        })
-                        .await;
-                    self.lock_written().push((f.path.to_string(), bytes, None));
+                    self.record_written(f).await?;
                 }
                 Ok(())
             }
@@ -222,25 +219,115 @@ impl FlushTarget {
                 self.buffer
                     .put(self.slot.key(), files, Utc::now(), self.policy)
                     .await?;
+                self.note_put(self.policy);
+                Ok(())
+            }
+            Err(e) if files.len() > 1 => {
+                // One bad file must not fail the others: write each alone
+                // (whole-file writes are idempotent) and report each.
+                tracing::debug!(run_id = %self.run_id, error = %e, "batch failed; writing files one by one");
+                for f in files {
+                    let one = vec![FileWrite {
+                        path: f.path.clone(),
+                        content: f.content.clone(),
+                    }];
+                    match self
+                        .cancel
+                        .run_until_cancelled(sandbox.write_files(one))
+                        .await
+                    {
+                        None => return Err(EffectError::Stopped),
+                        Some(Ok(())) => self.record_written(f).await?,
+                        Some(Err(e)) if e.is_retryable() => {
+                            self.buffer
+                                .put(self.slot.key(), vec![f], Utc::now(), self.policy)
+                                .await?;
+                            self.note_put(self.policy);
+                        }
+                        Some(Err(e)) => self.record_failed(f, &e).await,
+                    }
+                }
                 Ok(())
             }
             Err(e) => {
                 for f in files {
-                    let keys = self.lock_keys().remove(&f.path).unwrap_or_default();
-                    self.log
-                        .emit(EngineEvent::FileWriteFailed {
-                            key: keys.last().cloned().unwrap_or_default(),
-                            path: f.path.to_string(),
-                            error: e.to_string(),
-                        })
-                        .await;
-                    self.lock_written()
-                        .push((f.path.to_string(), 0, Some(e.to_string())));
+                    self.record_failed(f, &e).await;
                 }
                 Ok(())
             }
         }
     }
+
+    async fn record_written(&self, f: PendingFile) -> Result<(), EffectError> {
+        let keys = self.lock_keys().remove(&f.path).unwrap_or_default();
+        let bytes = f.content.len() as u64;
+        for k in &keys {
+            self.store
+                .complete_effect(self.run_id, self.fence, k, json!({ "bytes": bytes }))
+                .await?;
+        }
+        self.log
+            .emit(EngineEvent::FileWritten {
+                key: keys.last().cloned().unwrap_or_default(),
+                path: f.path.to_string(),
+                bytes,
+                reused: false,
+            })
+            .await;
+        self.lock_written().push((f.path.to_string(), bytes, None));
+        Ok(())
+    }
+
+    async fn record_failed(&self, f: PendingFile, e: &SandboxError) {
+        let keys = self.lock_keys().remove(&f.path).unwrap_or_default();
+        self.log
+            .emit(EngineEvent::FileWriteFailed {
+                key: keys.last().cloned().unwrap_or_default(),
+                path: f.path.to_string(),
+                error: e.to_string(),
+            })
+            .await;
+        self.lock_written()
+            .push((f.path.to_string(), 0, Some(e.to_string())));
+    }
+
+    /// Drop everything this run left pending (a turn that failed or was
+    /// cancelled): nothing stays in the buffer or its due index.
+    pub(crate) async fn discard_pending(&self) {
+        self.lock_keys().clear();
+        if let Err(e) = self.buffer.take(self.slot.key()).await {
+            tracing::warn!(run_id = %self.run_id, error = %e, "discarding pending writes failed");
+        }
+        *self.lock_due() = None;
+    }
+
+    fn lock_due(&self) -> std::sync::MutexGuard<'_, Option<DueAt>> {
+        self.due
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Note a put at `now` (the same rule as `WriteBuffer::put`), so the
+    /// scheduler finds this target without the shared due index.
+    fn note_put(&self, policy: crate::FlushPolicy) {
+        let now = tokio::time::Instant::now();
+        let mut due = self.lock_due();
+        let first = due.map_or(now, |d| d.first);
+        let at = (first + policy.max_wait).min(now + policy.debounce);
+        *due = Some(DueAt { first, at });
+    }
+
+    /// Whether a local put is due at `now`.
+    fn locally_due(&self, now: tokio::time::Instant) -> bool {
+        self.lock_due().is_some_and(|d| d.at <= now)
+    }
+}
+
+/// When a target's pending files are due (tracked per worker).
+#[derive(Debug, Clone, Copy)]
+struct DueAt {
+    first: tokio::time::Instant,
+    at: tokio::time::Instant,
 }
 
 /// The flush targets of one worker, looked up by the scheduler.
@@ -269,6 +356,10 @@ impl FlushRegistry {
 
     pub(crate) fn get(&self, key: &SandboxKey) -> Option<Arc<FlushTarget>> {
         self.lock().get(key).cloned()
+    }
+
+    fn all(&self) -> Vec<Arc<FlushTarget>> {
+        self.lock().values().cloned().collect()
     }
 }
 
@@ -306,14 +397,24 @@ pub(crate) async fn flush_scheduler(
         if shutdown.run_until_cancelled(tick.tick()).await.is_none() {
             return;
         }
-        let due = match buffer.due(Utc::now(), 256).await {
-            Ok(d) => d,
-            Err(e) => {
-                tracing::warn!(error = %e, "write buffer due() failed");
-                continue;
+        // This worker's own targets first: keys other workers (or runs that
+        // ended elsewhere) left in a shared due index can never crowd them out.
+        let now = tokio::time::Instant::now();
+        let mut targets: Vec<Arc<FlushTarget>> = registry
+            .all()
+            .into_iter()
+            .filter(|t| t.locally_due(now))
+            .collect();
+        match buffer.due(Utc::now(), 256).await {
+            Ok(due) => {
+                for t in due.iter().filter_map(|k| registry.get(k)) {
+                    if !targets.iter().any(|x| Arc::ptr_eq(x, &t)) {
+                        targets.push(t);
+                    }
+                }
             }
-        };
-        let targets: Vec<_> = due.iter().filter_map(|k| registry.get(k)).collect();
+            Err(e) => tracing::warn!(error = %e, "write buffer due() failed"),
+        }
         let flushes = targets.iter().map(|t| async move {
             if let Err(e) = t.flush().await {
                 if !matches!(e, EffectError::Stopped) {
@@ -332,6 +433,12 @@ pub(crate) enum EffectItem {
     Sandbox(SandboxSpec),
     /// A whole file (sent at `file_end`).
     File { path: String, content: String },
+    /// A file cut off before `</file>`: not written.
+    TruncatedFile {
+        path: String,
+        bytes: u64,
+        reason: String,
+    },
     /// An install block.
     Install {
         dependencies: Vec<String>,
@@ -446,6 +553,16 @@ impl EffectCtx {
                     index += 1;
                     self.file(i, path, content, &mut report).await?;
                 }
+                EffectItem::TruncatedFile {
+                    path,
+                    bytes,
+                    reason,
+                } => {
+                    let i = index;
+                    index += 1;
+                    self.truncated_file(i, path, bytes, reason, &mut report)
+                        .await;
+                }
                 EffectItem::Install {
                     dependencies,
                     framework,
@@ -504,8 +621,12 @@ impl EffectCtx {
             "fnv1a": format!("{:016x}", crate::hash::fnv1a64(content.as_bytes())),
         });
         let rec = self.begin(&key, request.clone()).await?;
-        if rec.state == EffectState::Completed && rec.request == request {
-            // Written by a previous attempt: reuse, do not write again.
+        if rec.state == EffectState::Completed
+            && rec.request == request
+            && self.still_there(&sp, &content).await?
+        {
+            // Written by a previous attempt and still in the workspace:
+            // reuse, do not write again.
             self.log
                 .emit(EngineEvent::FileWritten {
                     key,
@@ -534,7 +655,80 @@ impl EffectCtx {
                 self.config.flush,
             )
             .await?;
+        self.target.note_put(self.config.flush);
         Ok(())
+    }
+
+    /// Whether the workspace still holds `content` at `path` (a resumed run
+    /// re-checks what a previous attempt recorded as written: the workspace
+    /// may have been wiped or changed since).
+    async fn still_there(&self, path: &SandboxPath, content: &str) -> Result<bool, EffectError> {
+        let sandbox = self.target.slot.get(&self.cancel).await?;
+        match self
+            .cancel
+            .run_until_cancelled(sandbox.read_file(path))
+            .await
+        {
+            None => Err(EffectError::Stopped),
+            Some(Ok(bytes)) => Ok(bytes.len() == content.len() && bytes == content.as_bytes()),
+            Some(Err(_)) => Ok(false),
+        }
+    }
+
+    /// A file the stream cut off: recorded (event + tool result), not
+    /// written, so a complete earlier version is never replaced by a prefix.
+    async fn truncated_file(
+        &self,
+        index: u32,
+        path: String,
+        bytes: u64,
+        reason: String,
+        report: &mut EffectReport,
+    ) {
+        let key = self.begin_key(index, "write");
+        if reason == "file_too_large" {
+            let limit = self.config.max_file_bytes;
+            let error = format!("{bytes} bytes is over the {limit}-byte file limit");
+            self.log
+                .emit(EngineEvent::FileWriteFailed {
+                    key,
+                    path: path.clone(),
+                    error: error.clone(),
+                })
+                .await;
+            report.results.push(ToolResult {
+                index,
+                title: format!("file {path}: NOT written"),
+                exit_code: None,
+                body: format!("{error}; split it into smaller files."),
+            });
+            return;
+        }
+        let why = match reason.as_str() {
+            "length" => "the model hit its output token limit",
+            "output_budget" => "the run's output-token budget cut the stream",
+            "turn_output_cap" => "the turn's output passed its byte limit",
+            "stop" | "stream_ended" => "the response ended before </file>",
+            _ => "the stream ended before </file>",
+        };
+        self.log
+            .emit(EngineEvent::FileTruncated {
+                key,
+                path: path.clone(),
+                bytes,
+                finish_reason: reason.clone(),
+            })
+            .await;
+        report.results.push(ToolResult {
+            index,
+            title: format!("file {path}: truncated, NOT written"),
+            exit_code: None,
+            body: format!(
+                "Only {bytes} bytes of {path} arrived ({why}; finish reason `{reason}`). \
+                 The file was not written: any previous content is unchanged. \
+                 Write the complete file again (split very large files)."
+            ),
+        });
     }
 
     /// Budget check before a tool runs: `false` = skipped (a `tool_skipped`
@@ -578,6 +772,7 @@ impl EffectCtx {
         &self,
         program: String,
         args: Vec<String>,
+        env: Vec<(String, String)>,
         timeout: std::time::Duration,
     ) -> Result<ToolRun, EffectError> {
         let sandbox = self.target.slot.get(&self.cancel).await?;
@@ -585,7 +780,7 @@ impl EffectCtx {
             program: program.clone(),
             args,
             cwd: None,
-            env: Vec::new(),
+            env,
             timeout,
             output_cap: self.config.commands.output_cap,
         };
@@ -643,8 +838,21 @@ impl EffectCtx {
                     error: Some("installs are disabled (package manager: none)".into()),
                     ..Default::default()
                 },
-                Some((program, args)) => {
-                    self.exec(program, args, self.config.commands.install_timeout)
+                Some((program, mut args)) => {
+                    // Lifecycle scripts of packages (and of the model's own
+                    // package.json) are code: run them only where allowed.
+                    let sandbox = self.target.slot.get(&self.cancel).await?;
+                    let scripts_ok = self
+                        .config
+                        .commands
+                        .scripts
+                        .allows(sandbox.isolation().is_isolated());
+                    let mut env = Vec::new();
+                    if !scripts_ok {
+                        args.insert(1, "--ignore-scripts".into());
+                        env.push(("npm_config_ignore_scripts".into(), "true".into()));
+                    }
+                    self.exec(program, args, env, self.config.commands.install_timeout)
                         .await?
                 }
             };
@@ -675,23 +883,17 @@ impl EffectCtx {
             .chain(args.iter().map(String::as_str))
             .collect::<Vec<_>>()
             .join(" ");
-        if let Err(reason) = self.config.commands.check(&command, &args) {
-            self.log
-                .emit(EngineEvent::CommandRejected {
-                    key,
-                    command: command.clone(),
-                    args,
-                    reason: reason.clone(),
-                })
-                .await;
-            report.results.push(ToolResult {
-                index,
-                title: format!("command `{shown}`: rejected"),
-                exit_code: None,
-                body: reason,
-            });
+        let prepared = match self.prepare_command(&command, &args).await? {
+            Ok(p) => Some(p),
+            Err(reason) => {
+                self.reject(index, key.clone(), &command, &args, &shown, reason, report)
+                    .await;
+                None
+            }
+        };
+        let Some(prepared) = prepared else {
             return Ok(());
-        }
+        };
         if !self
             .admit_tool(index, &key, "command", &shown, report)
             .await
@@ -715,7 +917,12 @@ impl EffectCtx {
             prev
         } else {
             let r = self
-                .exec(command.clone(), args, self.config.commands.timeout)
+                .exec(
+                    prepared.program,
+                    prepared.args,
+                    prepared.env,
+                    self.config.commands.timeout,
+                )
                 .await?;
             self.complete_tool_run(&key, &r).await?;
             r
@@ -734,6 +941,63 @@ impl EffectCtx {
             })
             .await;
         Ok(())
+    }
+
+    /// The command as it will run, or why it may not: the policy (given
+    /// whether the sandbox isolates) and, for git, the workspace's config.
+    async fn prepare_command(
+        &self,
+        command: &str,
+        args: &[String],
+    ) -> Result<Result<super::config::PreparedCommand, String>, EffectError> {
+        let policy = &self.config.commands;
+        // Checks that do not depend on the sandbox first: a refused command
+        // never provisions one.
+        if let Err(reason) = policy.prepare(command, args, true) {
+            return Ok(Err(reason));
+        }
+        let sandbox = self.target.slot.get(&self.cancel).await?;
+        let prepared = match policy.prepare(command, args, sandbox.isolation().is_isolated()) {
+            Ok(p) => p,
+            Err(reason) => return Ok(Err(reason)),
+        };
+        if prepared.check_git_config {
+            // Files streamed so far may include `.git/config`.
+            self.target.flush().await?;
+            if let Some(reason) = git_hazard(&*sandbox).await {
+                return Ok(Err(reason));
+            }
+        }
+        Ok(Ok(prepared))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn reject(
+        &self,
+        index: u32,
+        key: String,
+        command: &str,
+        args: &[String],
+        shown: &str,
+        reason: String,
+        report: &mut EffectReport,
+    ) {
+        {
+            self.log
+                .emit(EngineEvent::CommandRejected {
+                    key,
+                    command: command.to_string(),
+                    args: args.to_vec(),
+                    reason: reason.clone(),
+                })
+                .await;
+            report.results.push(ToolResult {
+                index,
+                title: format!("command `{shown}`: rejected"),
+                exit_code: None,
+                body: reason,
+            });
+        }
     }
 
     async fn web_search(
@@ -820,6 +1084,40 @@ impl EffectCtx {
         self.store
             .complete_effect(self.run_id, self.fence, key, result)
             .await
+    }
+}
+
+/// Why the workspace's git metadata may not be used by a git command, if
+/// it may not: a `.git` file (a link to another repository), a
+/// `commondir`/`alternates` pointing elsewhere, or configuration that runs
+/// programs ([`super::config::git_config_hazard`]).
+async fn git_hazard(sandbox: &dyn Sandbox) -> Option<String> {
+    let path = |p: &str| SandboxPath::new(p).ok();
+    for (p, what) in [
+        (".git/commondir", "links to another repository"),
+        (
+            ".git/objects/info/alternates",
+            "borrows objects from elsewhere",
+        ),
+    ] {
+        if let Some(sp) = path(p) {
+            if sandbox.read_file(&sp).await.is_ok() {
+                return Some(format!("`{p}` {what}; git is not allowed here"));
+            }
+        }
+    }
+    let config = path(".git/config")?;
+    match sandbox.read_file(&config).await {
+        Ok(bytes) => super::config::git_config_hazard(&String::from_utf8_lossy(&bytes)),
+        Err(SandboxError::NotFound { .. }) => {
+            // No repository yet, or `.git` is a file (`gitdir:` link).
+            let dot_git = path(".git")?;
+            match sandbox.read_file(&dot_git).await {
+                Ok(_) => Some("`.git` is a file linking to another repository".into()),
+                Err(_) => None,
+            }
+        }
+        Err(e) => Some(format!("`.git/config` cannot be checked: {e}")),
     }
 }
 

@@ -97,6 +97,36 @@ pub enum EngineEvent {
         /// Where it lives.
         location: String,
     },
+    /// The sandbox does not confine commands: they run with the host
+    /// user's rights (model-written scripts are code execution on the host).
+    SandboxNotIsolated {
+        /// Its key.
+        key: String,
+        /// Why (e.g. `bubblewrap not found`).
+        reason: String,
+    },
+    /// A file's content ended before its closing tag (the stream stopped):
+    /// it was not written, and the previous content, if any, is kept.
+    FileTruncated {
+        /// Idempotency key of the write.
+        key: String,
+        /// Path.
+        path: String,
+        /// Bytes received before the stream ended.
+        bytes: u64,
+        /// Why the stream ended (`length`, `stop`, `output_budget`, …).
+        finish_reason: String,
+    },
+    /// An attempt of the run ended abnormally (a panic in the worker); the
+    /// run is retried, and finished `failed` once too many attempts did.
+    AttemptFailed {
+        /// Queue attempt.
+        attempt: u32,
+        /// `panic`.
+        cause: String,
+        /// What happened.
+        error: String,
+    },
     /// A whole file is now in the sandbox.
     FileWritten {
         /// Idempotency key of the write.
@@ -306,6 +336,9 @@ impl EngineEvent {
             EngineEvent::FileDelta { .. } => "file_delta",
             EngineEvent::ParseError { .. } => "parse_error",
             EngineEvent::SandboxReady { .. } => "sandbox_ready",
+            EngineEvent::SandboxNotIsolated { .. } => "sandbox_not_isolated",
+            EngineEvent::FileTruncated { .. } => "file_truncated",
+            EngineEvent::AttemptFailed { .. } => "attempt_failed",
             EngineEvent::FileWritten { .. } => "file_written",
             EngineEvent::FileWriteFailed { .. } => "file_write_failed",
             EngineEvent::InstallStarted { .. } => "install_started",

@@ -55,6 +55,7 @@ pub use budget::{BudgetKind, Budgets, InvalidBudget};
 pub use config::{
     CommandPolicy, EngineConfig, MAX_ID_BYTES, MAX_PROMPT_BYTES, PackageManager, RunRequest,
 };
+pub use config::{PreparedCommand, ScriptPolicy, git_config_hazard};
 pub use events::{EngineEvent, ToolRun};
 pub use stream::{EventStream, EventStreamError, RawEventStream, TypedEvent};
 pub use worker::WorkerConfig;

@@ -85,7 +85,96 @@ pub fn bounded(s: &str, cap: usize) -> String {
     )
 }
 
+/// Text gathered piece by piece, holding no more than what
+/// [`bounded`]`(whole, cap)` shows: a turn's output can be any size without
+/// the engine keeping all of it in memory.
+#[derive(Debug)]
+pub(crate) struct BoundedText {
+    cap: usize,
+    /// Everything, while it fits the cap; afterwards the head.
+    head: String,
+    /// The last bytes once over the cap (kept between `cap/2` and `cap`).
+    tail: String,
+    total: usize,
+    over: bool,
+}
+
+impl BoundedText {
+    pub(crate) fn new(cap: usize) -> Self {
+        BoundedText {
+            cap,
+            head: String::new(),
+            tail: String::new(),
+            total: 0,
+            over: false,
+        }
+    }
+
+    /// Bytes pushed so far.
+    pub(crate) fn len(&self) -> usize {
+        self.total
+    }
+
+    pub(crate) fn push_str(&mut self, s: &str) {
+        self.total += s.len();
+        if !self.over {
+            if self.head.len() + s.len() <= self.cap {
+                self.head.push_str(s);
+                return;
+            }
+            // Switch to head + tail: keep the first half as the head.
+            self.over = true;
+            let mut whole = std::mem::take(&mut self.head);
+            whole.push_str(s);
+            let mut head_end = (self.cap / 2).min(whole.len());
+            while !whole.is_char_boundary(head_end) {
+                head_end -= 1;
+            }
+            self.tail = whole.split_off(head_end);
+            self.head = whole;
+        } else {
+            self.tail.push_str(s);
+        }
+        let half = self.cap / 2;
+        if self.tail.len() > self.cap.max(half * 2).max(1) {
+            let mut start = self.tail.len() - half;
+            while !self.tail.is_char_boundary(start) {
+                start += 1;
+            }
+            self.tail.drain(..start);
+        }
+    }
+
+    /// What [`bounded`] would show of the whole text.
+    pub(crate) fn view(&self) -> String {
+        if !self.over {
+            return self.head.clone();
+        }
+        let half = self.cap / 2;
+        let mut start = self.tail.len().saturating_sub(half);
+        while !self.tail.is_char_boundary(start) {
+            start += 1;
+        }
+        let tail = &self.tail[start..];
+        format!(
+            "{}\n[… {} bytes omitted …]\n{}",
+            self.head,
+            self.total - self.head.len() - tail.len(),
+            tail
+        )
+    }
+}
+
+/// At most this many files are listed one by one in a continuation message.
+pub const MAX_LISTED_FILES: usize = 100;
+/// At most this many tool results are shown in a continuation message.
+pub const MAX_LISTED_RESULTS: usize = 50;
+
 /// The user message that continues a run after a turn.
+///
+/// Bounded whatever the turn did: at most [`MAX_LISTED_FILES`] files and
+/// [`MAX_LISTED_RESULTS`] results (each body at most `cap_per_result`
+/// bytes) are listed, the rest counted.
 pub fn continuation_message(
     turn: u32,
     files: &[(String, u64)],
@@ -98,11 +187,23 @@ pub fn continuation_message(
         m.push_str("- No files were written.\n");
     } else {
         m.push_str("- Files written:\n");
-        for (path, bytes) in files {
+        for (path, bytes) in files.iter().take(MAX_LISTED_FILES) {
             let _ = writeln!(m, "  - {path} ({bytes} bytes)");
         }
+        if files.len() > MAX_LISTED_FILES {
+            let rest = &files[MAX_LISTED_FILES..];
+            let bytes: u64 = rest.iter().map(|(_, b)| b).sum();
+            let _ = writeln!(m, "  - … and {} more files ({bytes} bytes)", rest.len());
+        }
     }
-    for r in results {
+    if results.len() > MAX_LISTED_RESULTS {
+        let _ = writeln!(
+            m,
+            "- {} tool results; the first {MAX_LISTED_RESULTS} follow.",
+            results.len()
+        );
+    }
+    for r in results.iter().take(MAX_LISTED_RESULTS) {
         match r.exit_code {
             Some(code) => {
                 let _ = writeln!(m, "- {} → exit code {code}", r.title);
@@ -140,6 +241,43 @@ mod tests {
         // multi-byte safety
         let s = "é".repeat(100);
         let _ = bounded(&s, 51);
+    }
+
+    #[test]
+    fn bounded_text_matches_bounded_without_keeping_everything() {
+        for cap in [0usize, 1, 7, 50, 51, 1000] {
+            for pieces in [vec!["a"; 300], vec!["héllo wörld "; 40], vec!["x"; 3]] {
+                let mut t = BoundedText::new(cap);
+                let mut whole = String::new();
+                for p in &pieces {
+                    t.push_str(p);
+                    whole.push_str(p);
+                    assert!(t.head.len() + t.tail.len() <= cap.max(2) * 2 + 16);
+                }
+                assert_eq!(t.len(), whole.len());
+                assert_eq!(t.view(), bounded(&whole, cap), "cap {cap}");
+            }
+        }
+    }
+
+    #[test]
+    fn continuation_message_is_bounded() {
+        let files: Vec<(String, u64)> = (0..10_000)
+            .map(|i| (format!("src/generated/file-{i:05}.ts"), 100))
+            .collect();
+        let results: Vec<ToolResult> = (0..500)
+            .map(|i| ToolResult {
+                index: i,
+                title: format!("command `x{i}`: rejected"),
+                exit_code: None,
+                body: "y".repeat(10_000),
+            })
+            .collect();
+        let m = continuation_message(1, &files, &results, 4096);
+        assert!(m.len() < 300 * 1024, "{} bytes", m.len());
+        assert!(m.len() < 50 * 4200 + 100 * 64 + 1024, "{} bytes", m.len());
+        assert!(m.contains("… and 9900 more files (990000 bytes)"));
+        assert!(m.contains("500 tool results; the first 50 follow."));
     }
 
     #[test]

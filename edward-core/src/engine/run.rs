@@ -19,10 +19,9 @@ use super::effects::{
 };
 use super::events::EngineEvent;
 use super::outcome::{TurnFacts, TurnOutcome, decide_turn_outcome};
-use super::prompt::{NUDGE_MESSAGE, SYSTEM_PROMPT, bounded, continuation_message};
+use super::prompt::{BoundedText, NUDGE_MESSAGE, SYSTEM_PROMPT, continuation_message};
 use super::sink::{LogError, LogTuning, RunLog};
 use crate::parser::{Event, Parser};
-use crate::pricing::estimate_tokens;
 use crate::{
     Checkpoint, Fence, Lease, Message, ModelChunk, ModelError, ModelRequest, NewEvent, Notifier,
     Role, RunId, RunStatus, RunStore, StoreError, Usage,
@@ -77,6 +76,9 @@ struct RunState {
     started_at: DateTime<Utc>,
     /// The last seq written when this checkpoint was taken.
     last_seq: u64,
+    /// Attempts that ended early, by cause.
+    #[serde(default)]
+    attempts: AttemptCounts,
 }
 
 /// How a run attempt ended on this worker.
@@ -88,6 +90,17 @@ pub(crate) enum AttemptEnd {
     Abandoned,
     /// A transient infrastructure failure: retry via the queue.
     Retry(String),
+    /// A permanent failure (a non-retryable store error): finish the run
+    /// `failed` rather than retrying what cannot succeed.
+    Fail(String),
+}
+
+/// Attempts of a run that ended early, by cause (saved in the checkpoint).
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
+#[serde(default)]
+struct AttemptCounts {
+    /// Attempts that failed on transient infrastructure and were retried.
+    infra: u32,
 }
 
 /// Terminal summary fields.
@@ -155,12 +168,27 @@ impl From<LogError> for TurnError {
 }
 
 struct TurnReport {
-    output: String,
+    /// What the conversation keeps of the turn's output (bounded).
+    output_view: String,
+    /// Bytes of output, parsed text plus provider reasoning.
+    output_bytes: u64,
     usage: Option<Usage>,
     done: bool,
     effects: EffectReport,
     /// The budget whose cap cut the stream mid-turn (output tokens or cost).
     budget_cut: Option<BudgetKind>,
+    /// The turn produced more than `max_turn_output_bytes`: it was cut.
+    output_cap_hit: bool,
+}
+
+/// What the stream side of a turn reports.
+struct Streamed {
+    output: BoundedText,
+    thinking_bytes: usize,
+    usage: Option<Usage>,
+    done: bool,
+    budget_hit: bool,
+    cap_hit: bool,
 }
 
 /// Execute (or resume) a claimed run until it ends on this worker.
@@ -170,6 +198,7 @@ pub(crate) async fn execute(
     worker_id: String,
     control: Arc<RunControl>,
     registry: FlushRegistry,
+    max_infra: u32,
 ) -> AttemptEnd {
     let run_id = lease.run_id;
     let span = tracing::info_span!("run", run_id = %run_id, attempt = lease.attempt);
@@ -217,9 +246,28 @@ pub(crate) async fn execute(
             registry,
             lost: lost.clone(),
             turns_started: std::sync::atomic::AtomicU32::new(0),
+            max_infra,
         };
         let driven = async {
-            let end = ctx.drive(run, &lease, &worker_id).await;
+            let end = match ctx.drive(run, &lease, &worker_id).await {
+                AttemptEnd::Fail(msg) => {
+                    // Through the single terminal path; if even that fails,
+                    // the queue's retry (and its dead-letter) takes over.
+                    match ctx
+                        .finish(
+                            RunStatus::Failed,
+                            &format!("error: {msg}"),
+                            &BudgetState::default(),
+                            Utc::now(),
+                        )
+                        .await
+                    {
+                        AttemptEnd::Fail(m) => AttemptEnd::Retry(m),
+                        end => end,
+                    }
+                }
+                end => end,
+            };
             log.close().await;
             end
         };
@@ -243,6 +291,8 @@ struct RunCtx {
     /// The newest turn whose `turn_started` this attempt emitted: a turn cut
     /// short (cancel, budget, error) still counts in `run_finished.turns`.
     turns_started: std::sync::atomic::AtomicU32,
+    /// Attempts that may fail on infrastructure before the run fails.
+    max_infra: u32,
 }
 
 impl RunCtx {
@@ -264,7 +314,10 @@ impl RunCtx {
             .model
             .clone()
             .unwrap_or_else(|| self.inner.default_model.clone());
-        let budgets = request.budgets.unwrap_or(self.inner.budgets);
+        // The engine's budgets are ceilings: a request may only lower them.
+        let budgets = request
+            .budgets
+            .map_or(self.inner.budgets, |b| b.capped_by(&self.inner.budgets));
         if run.cancel_requested_at.is_some() {
             // Cancelled before this worker claimed it (or while it was
             // between workers): the first stop check ends it `cancelled`.
@@ -276,8 +329,28 @@ impl RunCtx {
             Ok(c) => c,
             Err(e) => return self.store_error(e),
         };
-        let restored: Option<(u32, RunState)> =
-            checkpoint.and_then(|c| serde_json::from_value(c.state).ok().map(|s| (c.turn, s)));
+        // A checkpoint that cannot be read fails the run: starting over at
+        // turn 1 would silently reset its budgets.
+        let restored: Option<(u32, RunState)> = match checkpoint {
+            None => None,
+            Some(c) => match serde_json::from_value::<RunState>(c.state) {
+                Ok(st) => Some((c.turn, st)),
+                Err(e) => {
+                    return self
+                        .finish(
+                            RunStatus::Failed,
+                            &format!(
+                                "error: the checkpoint after turn {} is unreadable ({e}); \
+                                 not restarting with fresh budgets",
+                                c.turn
+                            ),
+                            &BudgetState::default(),
+                            Utc::now(),
+                        )
+                        .await;
+                }
+            },
+        };
         // Discard file writes a previous attempt left pending: the turn is replayed.
         let key = crate::SandboxKey(format!("run-{}", self.run_id));
         let _ = self.inner.write_buffer.take(&key).await;
@@ -340,6 +413,7 @@ impl RunCtx {
                     previous_was_nudge: false,
                     started_at: Utc::now(),
                     last_seq: 0,
+                    attempts: AttemptCounts::default(),
                 }
             }
         };
@@ -396,10 +470,30 @@ impl RunCtx {
         ));
         let _registered = self.registry.register(target.clone());
 
-        tokio::select! {
+        // A run whose attempts keep dying (worker crash, model panic) is
+        // not re-claimed forever.
+        let abnormal = self.abnormal_attempts(lease, &state);
+        if abnormal >= self.inner.config.max_abnormal_attempts {
+            return AttemptEnd::Fail(format!(
+                "{abnormal} earlier attempts ended abnormally (worker crash, panic or lost \
+                 lease); giving up"
+            ));
+        }
+        let end = tokio::select! {
             end = self.turns(&model, &budgets, &mut state, &target) => end,
             () = watch => AttemptEnd::Abandoned,
+        };
+        let end = match end {
+            AttemptEnd::Retry(msg) => self.count_retry(&mut state, msg).await,
+            end => end,
+        };
+        // Every terminal path (and a retry, which replays the turn) leaves
+        // nothing pending in the write buffer. An abandoned run's key now
+        // belongs to whoever resumes it, which discards it at start.
+        if !matches!(end, AttemptEnd::Abandoned) {
+            target.discard_pending().await;
         }
+        end
     }
 
     fn store_error(&self, e: StoreError) -> AttemptEnd {
@@ -407,8 +501,44 @@ impl RunCtx {
             StoreError::StaleFence { .. } => AttemptEnd::Abandoned,
             // Finished elsewhere (cancel of a just-claimed run, reaper): the job is done.
             StoreError::Finished { .. } => AttemptEnd::Finished,
-            e => AttemptEnd::Retry(e.to_string()),
+            e if e.is_retryable() => AttemptEnd::Retry(e.to_string()),
+            e => AttemptEnd::Fail(format!("store: {e}")),
         }
+    }
+
+    /// After a retryable failure: count it (in the checkpoint) and give up
+    /// once `max_infra` attempts failed that way.
+    async fn count_retry(&self, state: &mut RunState, msg: String) -> AttemptEnd {
+        state.attempts.infra += 1;
+        let cp = Checkpoint {
+            turn: state.budget.turns,
+            state: serde_json::to_value(&*state).unwrap_or_default(),
+        };
+        // Best effort: the store may be what is failing.
+        if let Err(e) = self
+            .inner
+            .store
+            .save_checkpoint(self.run_id, self.fence, cp)
+            .await
+        {
+            tracing::warn!(error = %e, "could not record the failed attempt");
+        }
+        if state.attempts.infra >= self.max_infra {
+            return AttemptEnd::Fail(format!(
+                "gave up after {} attempts failed on infrastructure; last: {msg}",
+                state.attempts.infra
+            ));
+        }
+        AttemptEnd::Retry(msg)
+    }
+
+    /// The run's earlier attempts that ended abnormally (a crash, a panic,
+    /// a lost lease): claims that neither finished nor recorded a retry.
+    fn abnormal_attempts(&self, lease: &Lease, state: &RunState) -> u32 {
+        lease
+            .attempt
+            .saturating_sub(1)
+            .saturating_sub(state.attempts.infra)
     }
 
     async fn turns(
@@ -538,7 +668,7 @@ impl RunCtx {
             // Account the turn.
             let usage = report.usage.unwrap_or(Usage {
                 input_tokens: est_input,
-                output_tokens: estimate_tokens(&report.output),
+                output_tokens: estimate_bytes_tokens(report.output_bytes as usize),
                 estimated: true,
             });
             let cost = price.cost(model, &usage);
@@ -592,6 +722,20 @@ impl RunCtx {
                     })
                     .await;
             }
+            if report.output_cap_hit {
+                return self
+                    .finish(
+                        RunStatus::Failed,
+                        &format!(
+                            "error: turn {turn} produced more than {} bytes of output \
+                             (max_turn_output_bytes); the stream was cut",
+                            self.inner.config.max_turn_output_bytes
+                        ),
+                        &state.budget,
+                        state.started_at,
+                    )
+                    .await;
+            }
             let outcome = decide_turn_outcome(&facts, &state.budget, budgets);
             self.log
                 .emit(EngineEvent::TurnFinished {
@@ -628,7 +772,7 @@ impl RunCtx {
                 TurnOutcome::Continue | TurnOutcome::Nudge => {
                     state.messages.push(Message {
                         role: Role::Assistant,
-                        content: bounded(&report.output, self.inner.config.output_view_cap),
+                        content: report.output_view.clone(),
                     });
                     let next = if outcome == TurnOutcome::Nudge {
                         NUDGE_MESSAGE.to_string()
@@ -778,16 +922,18 @@ impl RunCtx {
         let (streamed, effected) = tokio::join!(stream_side, effect_side);
         // A handler failure explains a stream that stopped early, so it wins.
         let effects_report = effected?;
-        let (output, usage, done, output_budget_hit) = streamed?;
-        let budget_cut = output_budget_hit.then_some(binding);
+        let streamed = streamed?;
+        let budget_cut = streamed.budget_hit.then_some(binding);
         // Turn end: everything pending goes to the sandbox now.
         target.flush().await?;
         Ok(TurnReport {
-            output,
-            usage,
-            done,
+            output_view: streamed.output.view(),
+            output_bytes: (streamed.output.len() + streamed.thinking_bytes) as u64,
+            usage: streamed.usage,
+            done: streamed.done,
             effects: effects_report,
             budget_cut,
+            output_cap_hit: streamed.cap_hit,
         })
     }
 
@@ -798,7 +944,7 @@ impl RunCtx {
         request: ModelRequest,
         tx: mpsc::Sender<EffectItem>,
         out_budget: u64,
-    ) -> Result<(String, Option<Usage>, bool, bool), TurnError> {
+    ) -> Result<Streamed, TurnError> {
         let token = self.control.token.clone();
         // A client that retries internally (the HTTP providers) is not
         // retried again here, or attempts would multiply.
@@ -850,12 +996,25 @@ impl RunCtx {
 
         let mut parser = Parser::new();
         let mut parsed = Vec::new();
-        let mut output = String::new();
+        let mut output = BoundedText::new(self.inner.config.output_view_cap);
+        let mut thinking_bytes = 0usize;
+        let mut cap_hit = false;
+        let max_bytes = self.inner.config.max_turn_output_bytes;
         let mut usage = None;
-        let mut file: Option<(String, String)> = None;
+        let mut file = OpenFile::default();
         let mut done = false;
         let mut budget_hit = false;
+        let mut finish: Option<crate::FinishReason> = None;
         loop {
+            let produced = output.len() + thinking_bytes;
+            if estimate_bytes_tokens(produced) >= out_budget && produced > 0 {
+                budget_hit = true;
+                break;
+            }
+            if produced > max_bytes {
+                cap_hit = true;
+                break;
+            }
             let next = match token.run_until_cancelled(stream.next()).await {
                 None => return Err(TurnError::Stopped),
                 Some(n) => n,
@@ -865,37 +1024,61 @@ impl RunCtx {
                 Some(Ok(ModelChunk::Text(t))) => {
                     output.push_str(&t);
                     parser.feed(&t, &mut parsed);
-                    self.dispatch(&mut parsed, &mut file, &mut done, &tx)
+                    self.dispatch(&mut parsed, &mut file, &mut done, &tx, None)
                         .await?;
-                    if estimate_tokens(&output) >= out_budget {
-                        budget_hit = true;
-                        break;
-                    }
                 }
                 Some(Ok(ModelChunk::Thinking(t))) => {
+                    // Provider reasoning is output too: it counts against
+                    // the output-token cut and the per-turn byte bound.
+                    thinking_bytes += t.len();
                     self.log
                         .emit(EngineEvent::ThinkingDelta { content: t })
                         .await;
                 }
                 Some(Ok(ModelChunk::Usage(u))) => usage = Some(u),
-                Some(Ok(ModelChunk::Finish(_))) => {}
+                Some(Ok(ModelChunk::Finish(f))) => finish = Some(f),
                 Some(Err(ModelError::Cancelled)) => return Err(TurnError::Stopped),
                 Some(Err(e)) => return Err(TurnError::Model(e)),
             }
         }
         parser.finish(&mut parsed);
-        self.dispatch(&mut parsed, &mut file, &mut done, &tx)
+        // Why the stream ended, for a file it cut off.
+        let end = if budget_hit {
+            "output_budget".to_string()
+        } else if cap_hit {
+            "turn_output_cap".to_string()
+        } else {
+            match &finish {
+                Some(crate::FinishReason::Stop) => "stop".into(),
+                Some(crate::FinishReason::Length) => "length".into(),
+                Some(crate::FinishReason::ContentFilter) => "content_filter".into(),
+                Some(crate::FinishReason::Other(o)) => o.clone(),
+                None => "stream_ended".into(),
+            }
+        };
+        self.dispatch(&mut parsed, &mut file, &mut done, &tx, Some(&end))
             .await?;
-        Ok((output, usage, done, budget_hit))
+        Ok(Streamed {
+            output,
+            thinking_bytes,
+            usage,
+            done,
+            budget_hit,
+            cap_hit,
+        })
     }
 
     /// Turn parser events into run events and side-effect work.
     async fn dispatch(
         &self,
         parsed: &mut Vec<Event>,
-        file: &mut Option<(String, String)>,
+        open: &mut OpenFile,
         done: &mut bool,
         tx: &mpsc::Sender<EffectItem>,
+        // Why the stream ended, when this is its end: a file the end closes
+        // is truncated. Mid-stream (`</edward_sandbox>` before `</file>`)
+        // the model closed it itself, and it is written.
+        unclosed_reason: Option<&str>,
     ) -> Result<(), TurnError> {
         for ev in parsed.drain(..) {
             let item = match ev {
@@ -913,11 +1096,29 @@ impl RunCtx {
                 }
                 Event::SandboxEnd | Event::InstallStart | Event::InstallEnd => None,
                 Event::FileStart { path } => {
-                    *file = Some((path, String::new()));
+                    *open.file_mut() = Some((path, String::new()));
+                    open.unclosed = false;
+                    open.bytes = 0;
+                    open.too_big = false;
+                    None
+                }
+                Event::FileContent { content }
+                    if open.file.is_some() && {
+                        open.bytes += content.len();
+                        open.too_big || open.bytes > self.inner.config.max_file_bytes
+                    } =>
+                {
+                    // Too large: drop what was gathered, keep nothing more.
+                    if !open.too_big {
+                        open.too_big = true;
+                        if let Some((_, buf)) = open.file_mut().as_mut() {
+                            *buf = String::new();
+                        }
+                    }
                     None
                 }
                 Event::FileContent { content } => {
-                    if let Some((path, buf)) = file.as_mut() {
+                    if let Some((path, buf)) = open.file_mut().as_mut() {
                         buf.push_str(&content);
                         self.log
                             .emit(EngineEvent::FileDelta {
@@ -930,9 +1131,29 @@ impl RunCtx {
                     }
                     None
                 }
-                Event::FileEnd => file
-                    .take()
-                    .map(|(path, content)| EffectItem::File { path, content }),
+                Event::FileEnd => {
+                    let unclosed = std::mem::take(&mut open.unclosed);
+                    let too_big = std::mem::take(&mut open.too_big);
+                    let bytes = std::mem::take(&mut open.bytes) as u64;
+                    open.file.take().map(|(path, content)| {
+                        if too_big {
+                            EffectItem::TruncatedFile {
+                                path,
+                                bytes,
+                                reason: "file_too_large".into(),
+                            }
+                        } else if let (true, Some(reason)) = (unclosed, unclosed_reason) {
+                            // Cut off: never replaces a complete file.
+                            EffectItem::TruncatedFile {
+                                path,
+                                bytes: content.len() as u64,
+                                reason: reason.to_string(),
+                            }
+                        } else {
+                            EffectItem::File { path, content }
+                        }
+                    })
+                }
                 Event::InstallContent {
                     dependencies,
                     framework,
@@ -954,6 +1175,9 @@ impl RunCtx {
                     severity,
                     skipped_bytes,
                 } => {
+                    if code == crate::parser::ErrorCode::UnclosedFile {
+                        open.unclosed = true;
+                    }
                     self.log
                         .emit(EngineEvent::ParseError {
                             code: code.as_str().into(),
@@ -1009,6 +1233,29 @@ fn output_allowance(
     } else {
         (by_tokens, BudgetKind::OutputTokens)
     }
+}
+
+/// The file being streamed, and whether the parser closed it implicitly
+/// (no `</file>`: the stream ended or another tag cut it off).
+#[derive(Default)]
+struct OpenFile {
+    file: Option<(String, String)>,
+    unclosed: bool,
+    /// Bytes of the open file received so far.
+    bytes: usize,
+    /// Over `max_file_bytes`: its content is no longer kept or recorded.
+    too_big: bool,
+}
+
+impl OpenFile {
+    fn file_mut(&mut self) -> &mut Option<(String, String)> {
+        &mut self.file
+    }
+}
+
+/// The token estimate of `bytes` bytes of output (as [`estimate_tokens`]).
+fn estimate_bytes_tokens(bytes: usize) -> u64 {
+    (bytes as u64).div_ceil(crate::pricing::BYTES_PER_TOKEN_ESTIMATE)
 }
 
 fn elapsed_ms(since: DateTime<Utc>) -> u64 {

@@ -14,7 +14,7 @@ use tracing::Instrument;
 use super::Inner;
 use super::effects::{FlushRegistry, flush_scheduler};
 use super::run::{AttemptEnd, RunControl, StopCause, execute};
-use crate::{Lease, QueueError, RetryPolicy, RunId};
+use crate::{Lease, QueueError, RetryOutcome, RetryPolicy, RunId};
 
 /// How a worker runs.
 #[derive(Debug, Clone)]
@@ -35,6 +35,9 @@ pub struct WorkerConfig {
     /// Fire to stop: in-flight runs are abandoned without writing (no ack);
     /// their leases lapse and another worker resumes them.
     pub shutdown: CancellationToken,
+    /// How often queued runs missing from the queue are enqueued again
+    /// (default 30 s; zero turns the reconciler off).
+    pub reconcile_interval: Duration,
 }
 
 impl WorkerConfig {
@@ -48,6 +51,7 @@ impl WorkerConfig {
             status_check_interval: Duration::from_secs(2),
             retry: RetryPolicy::default(),
             shutdown,
+            reconcile_interval: Duration::from_secs(30),
         }
     }
 
@@ -126,6 +130,7 @@ async fn worker_loop(inner: Arc<Inner>, cfg: WorkerConfig) {
     );
     let cancels = cancel_listener(inner.clone(), controls.clone(), aux_stop.clone());
     let (retention, reaper) = super::retention::reaper(inner.clone(), aux_stop.clone());
+    let reconcile = reconciler(inner.clone(), cfg.reconcile_interval, aux_stop.clone());
     let main = async {
         let mut runs: JoinSet<()> = JoinSet::new();
         loop {
@@ -164,7 +169,7 @@ async fn worker_loop(inner: Arc<Inner>, cfg: WorkerConfig) {
         while runs.join_next().await.is_some() {}
         aux_stop.cancel();
     };
-    tokio::join!(scheduler, cancels, reaper, main);
+    tokio::join!(scheduler, cancels, reaper, reconcile, main);
 }
 
 async fn cancel_listener(inner: Arc<Inner>, controls: Controls, stop: CancellationToken) {
@@ -248,8 +253,26 @@ async fn run_task(
             }
         }
     };
+    let attempt = futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(execute(
+        inner.clone(),
+        lease.clone(),
+        cfg.id.clone(),
+        control.clone(),
+        registry,
+        cfg.retry.max_attempts.max(1),
+    )));
     let end = tokio::select! {
-        end = execute(inner.clone(), lease, cfg.id.clone(), control.clone(), registry) => end,
+        end = attempt => match end {
+            Ok(end) => end,
+            Err(panic) => {
+                // A panic (in a model client, a sandbox, …) is recorded and
+                // retried with backoff; the abnormal-attempt cap ends the run.
+                let message = panic_message(&*panic);
+                tracing::error!(%run_id, panic = %message, "run attempt panicked");
+                record_attempt_failed(&inner, &lease, "panic", &message).await;
+                AttemptEnd::Retry(format!("panic: {message}"))
+            }
+        },
         () = heartbeat => AttemptEnd::Abandoned,
         () = status_check => AttemptEnd::Abandoned,
     };
@@ -266,10 +289,101 @@ async fn run_task(
             retention.finished(run_id);
         }
         AttemptEnd::Abandoned => tracing::info!(%run_id, "run abandoned on this worker"),
-        AttemptEnd::Retry(msg) => {
+        AttemptEnd::Retry(msg) | AttemptEnd::Fail(msg) => {
             tracing::warn!(%run_id, error = %msg, "attempt failed; retrying");
-            if let Err(e) = inner.queue.retry(&held, &msg, cfg.retry).await {
-                tracing::warn!(%run_id, error = %e, "retry failed");
+            match inner.queue.retry(&held, &msg, cfg.retry).await {
+                Ok(RetryOutcome::DeadLettered) => {
+                    // Out of attempts: the run ends `failed` through the
+                    // single terminal path (its events end, its admission
+                    // slot is freed) instead of staying `running`.
+                    let reason = format!(
+                        "error: dead-lettered after {} attempts: {msg}",
+                        held.attempt
+                    );
+                    match super::run::finish_run(
+                        &*inner.store,
+                        &*inner.notifier,
+                        run_id,
+                        None,
+                        crate::RunStatus::Failed,
+                        &reason,
+                        super::run::Summary::default(),
+                    )
+                    .await
+                    {
+                        Ok(_) | Err(crate::StoreError::Finished { .. }) => {}
+                        Err(e) => {
+                            tracing::error!(%run_id, error = %e, "could not finish a dead-lettered run")
+                        }
+                    }
+                }
+                Ok(RetryOutcome::Scheduled { .. }) => {}
+                Err(e) => tracing::warn!(%run_id, error = %e, "retry failed"),
+            }
+        }
+    }
+}
+
+/// The text of a panic payload.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(non-string panic payload)".into())
+}
+
+/// Record why an attempt ended abnormally, as an `attempt_failed` event.
+async fn record_attempt_failed(inner: &Inner, lease: &Lease, cause: &str, error: &str) {
+    let event = super::events::EngineEvent::AttemptFailed {
+        attempt: lease.attempt,
+        cause: cause.to_string(),
+        error: error.chars().take(2048).collect(),
+    }
+    .into_new_event();
+    match inner
+        .store
+        .append_events(lease.run_id, lease.fence, vec![event])
+        .await
+    {
+        Ok(written) => {
+            if let Some(last) = written.last() {
+                let _ = inner.notifier.notify_events(lease.run_id, last.seq).await;
+            }
+        }
+        Err(e) => {
+            tracing::warn!(run_id = %lease.run_id, error = %e, "could not record the failed attempt")
+        }
+    }
+}
+
+/// Queued runs with no queue entry (a crash between admission and enqueue,
+/// where the store does not hold the queue) are enqueued again. Enqueuing an
+/// id that is queued already is a no-op, so this is safe to run anywhere.
+async fn reconciler(inner: Arc<Inner>, every: Duration, stop: CancellationToken) {
+    if every.is_zero() {
+        return;
+    }
+    loop {
+        if stop
+            .run_until_cancelled(tokio::time::sleep(every))
+            .await
+            .is_none()
+        {
+            return;
+        }
+        let runs = match inner.store.list_runs(crate::RunStatus::Queued, 1000).await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %e, "reconciler: listing queued runs failed");
+                continue;
+            }
+        };
+        let older_than = chrono::Utc::now()
+            - chrono::Duration::from_std(every).unwrap_or(chrono::Duration::zero());
+        for run in runs.into_iter().filter(|r| r.created_at < older_than) {
+            if let Err(e) = inner.queue.enqueue(run.id).await {
+                tracing::warn!(run_id = %run.id, error = %e, "reconciler: enqueue failed");
             }
         }
     }

@@ -20,7 +20,10 @@
 //!   event is dispatched, because some servers and proxies omit the final
 //!   blank line and dropping the last event would silently lose output.
 //! - A line longer than the configured limit (default 1 MiB) is an error
-//!   ([`SseError::LineTooLong`]); the decoder never buffers without bound.
+//!   ([`SseError::LineTooLong`]), and so are the joined `data:` lines of one
+//!   event beyond theirs (default 4 MiB, [`SseError::EventTooLarge`]): the
+//!   decoder never buffers without bound, even when a server sends endless
+//!   short `data:` lines without the blank line that ends an event.
 //! - Invalid UTF-8 is replaced with U+FFFD, as the spec requires.
 //!
 //! ```
@@ -35,6 +38,9 @@
 
 /// Default bound on one line (1 MiB).
 pub const DEFAULT_MAX_LINE_BYTES: usize = 1024 * 1024;
+
+/// Default bound on one event's joined `data:` lines (4 MiB).
+pub const DEFAULT_MAX_DATA_BYTES: usize = 4 * 1024 * 1024;
 
 /// One dispatched event.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -66,12 +72,27 @@ pub enum SseError {
         /// The limit in bytes.
         limit: usize,
     },
+    /// The `data:` lines of one event exceeded the limit.
+    #[error("server-sent event data longer than {limit} bytes")]
+    EventTooLarge {
+        /// The limit in bytes.
+        limit: usize,
+    },
+}
+
+impl SseError {
+    /// Whether retrying may help: never (the server sent a malformed or
+    /// oversized stream; the same request will likely do it again).
+    pub fn is_retryable(&self) -> bool {
+        false
+    }
 }
 
 /// Incremental SSE decoder. See the [module docs](self) for the rules.
 #[derive(Debug)]
 pub struct SseDecoder {
     max_line: usize,
+    max_data: usize,
     /// Bytes of the current, incomplete line.
     line: Vec<u8>,
     /// The previous chunk ended with CR: a leading LF of the next one belongs to it.
@@ -101,6 +122,7 @@ impl SseDecoder {
     pub fn with_max_line(max_line: usize) -> Self {
         SseDecoder {
             max_line,
+            max_data: DEFAULT_MAX_DATA_BYTES,
             line: Vec::new(),
             after_cr: false,
             at_start: true,
@@ -110,6 +132,12 @@ impl SseDecoder {
             last_id: None,
             retry: None,
         }
+    }
+
+    /// Set the bound on one event's joined `data:` lines, in bytes.
+    pub fn with_max_data(mut self, max_data: usize) -> Self {
+        self.max_data = max_data;
+        self
     }
 
     /// Feed the next network chunk; returns the events it completed.
@@ -134,7 +162,7 @@ impl SseDecoder {
                             chunk = &chunk[1..];
                         }
                     }
-                    self.finish_line(&mut out);
+                    self.finish_line(&mut out)?;
                 }
                 None => {
                     self.push_line_bytes(chunk)?;
@@ -147,10 +175,12 @@ impl SseDecoder {
 
     /// End of input: an unterminated last line counts as complete, and a
     /// pending event is dispatched (see the module docs).
+    /// A last line that would push the event's data over its limit is
+    /// dropped (with the event's data so far), as `feed` would have refused it.
     pub fn finish(&mut self) -> Option<SseEvent> {
         let mut out = Vec::new();
-        if !self.line.is_empty() {
-            self.finish_line(&mut out);
+        if !self.line.is_empty() && self.finish_line(&mut out).is_err() {
+            return None;
         }
         self.dispatch(&mut out);
         out.pop()
@@ -166,7 +196,7 @@ impl SseDecoder {
         Ok(())
     }
 
-    fn finish_line(&mut self, out: &mut Vec<SseEvent>) {
+    fn finish_line(&mut self, out: &mut Vec<SseEvent>) -> Result<(), SseError> {
         let mut raw = std::mem::take(&mut self.line);
         if self.at_start {
             self.at_start = false;
@@ -176,11 +206,11 @@ impl SseDecoder {
         }
         if raw.is_empty() {
             self.dispatch(out);
-            return;
+            return Ok(());
         }
         let line = String::from_utf8_lossy(&raw);
         if line.starts_with(':') {
-            return;
+            return Ok(());
         }
         let (field, value) = match line.find(':') {
             Some(i) => {
@@ -191,6 +221,14 @@ impl SseDecoder {
         };
         match field {
             "data" => {
+                if self.data.len() + 1 + value.len() > self.max_data {
+                    // Drop what was gathered: the event is refused whole.
+                    self.data = String::new();
+                    self.has_data = false;
+                    return Err(SseError::EventTooLarge {
+                        limit: self.max_data,
+                    });
+                }
                 if self.has_data {
                     self.data.push('\n');
                 }
@@ -208,6 +246,7 @@ impl SseDecoder {
         // Reuse the allocation for the next line.
         raw.clear();
         self.line = raw;
+        Ok(())
     }
 
     fn dispatch(&mut self, out: &mut Vec<SseEvent>) {
@@ -251,6 +290,28 @@ mod tests {
     fn bom_is_skipped_once() {
         let v = all(b"\xEF\xBB\xBFdata: x\n\n");
         assert_eq!(v[0].data, "x");
+    }
+
+    #[test]
+    fn data_lines_of_one_event_are_capped() {
+        // Endless short data lines without a blank line: refused with a
+        // typed error once the joined data passes the cap, never buffered.
+        let mut d = SseDecoder::new().with_max_data(1000);
+        let line = b"data: xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\n";
+        let mut result = Ok(Vec::new());
+        for _ in 0..100 {
+            result = d.feed(line);
+            if result.is_err() {
+                break;
+            }
+        }
+        assert_eq!(result, Err(SseError::EventTooLarge { limit: 1000 }));
+        assert!(d.data.capacity() <= 1000, "{}", d.data.capacity());
+        // Within the cap, events still pass.
+        let mut d = SseDecoder::new().with_max_data(1000);
+        let v = d.feed(b"data: a\ndata: b\n\n").unwrap();
+        assert_eq!(v[0].data, "a\nb");
+        assert!(!SseError::EventTooLarge { limit: 1 }.is_retryable());
     }
 
     #[test]

@@ -303,6 +303,16 @@ impl RunStore for PgStore {
             Err(e) => return Err(store_err(e).into()),
         };
         let stored = run_from_row(&row)?;
+        // The queue is in the same database: enqueue in the admitting
+        // transaction, so a crash cannot leave the run admitted but unqueued
+        // (holding an admission slot forever). `PgQueue::enqueue` is then a no-op.
+        sqlx::query(
+            "INSERT INTO edward_queue (run_id) VALUES ($1) ON CONFLICT (run_id) DO NOTHING",
+        )
+        .bind(run.id.0)
+        .execute(&mut *tx)
+        .await
+        .map_err(store_err)?;
         tx.commit().await.map_err(store_err)?;
         Ok(stored)
     }
