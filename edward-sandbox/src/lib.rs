@@ -23,8 +23,8 @@
 //! - captured output is capped; the bytes beyond the cap are counted, not kept.
 //!
 //! A command can still read or write anything the host user can (`cat /etc/passwd`,
-//! `rm -rf ~`). Run untrusted model output in a Docker sandbox (planned, behind
-//! the `docker` feature) or inside a container/VM of your own.
+//! `rm -rf ~`). Run untrusted model output in a [`DockerSandbox`] (feature
+//! `docker`) or inside a container/VM of your own.
 //!
 //! # Semantics
 //!
@@ -96,9 +96,13 @@
 #![deny(missing_docs)]
 
 mod config;
+#[cfg(feature = "docker")]
+pub mod docker;
 mod exec;
 mod fs;
 mod local;
 
 pub use config::LocalSandboxConfig;
+#[cfg(feature = "docker")]
+pub use docker::{DockerSandbox, DockerSandboxConfig, DockerSandboxProvider};
 pub use local::{LocalSandbox, LocalSandboxProvider};
