@@ -66,6 +66,10 @@ pub struct DockerSandboxConfig {
     /// Sandboxes unused for this long are removed by
     /// [`reap_idle`](crate::DockerSandboxProvider::reap_idle) (default 24 h).
     pub idle_ttl: Duration,
+    /// Separates deployments sharing one daemon (default `edward`): it is
+    /// part of container names and the label `edward.namespace`, and a
+    /// provider only finds, reaps and reconciles its own namespace.
+    pub namespace: String,
 }
 
 impl Default for DockerSandboxConfig {
@@ -88,6 +92,7 @@ impl Default for DockerSandboxConfig {
             kill_grace: Duration::from_secs(2),
             api_timeout: Duration::from_secs(300),
             idle_ttl: Duration::from_secs(24 * 3600),
+            namespace: "edward".into(),
         }
     }
 }

@@ -6,6 +6,11 @@
 //! [`DockerSandboxConfig`] for the isolation settings (docs/DOCKER.md lists
 //! each with the test that proves it).
 
+/// The Docker client crate, re-exported for
+/// [`DockerSandboxProvider::with_client`] and
+/// [`DockerSandboxProvider::docker`].
+pub use bollard;
+
 mod archive;
 mod config;
 mod error;
@@ -19,6 +24,10 @@ pub use sandbox::DockerSandbox;
 
 /// Label every container and volume Edward creates carries (`true`).
 pub const MANAGED_LABEL: &str = "edward.managed";
+
+/// Label holding the [namespace](DockerSandboxConfig::namespace) of a
+/// container or volume.
+pub const NAMESPACE_LABEL: &str = "edward.namespace";
 
 /// Label holding the sandbox key of a container or volume.
 pub const KEY_LABEL: &str = "edward.sandbox.key";

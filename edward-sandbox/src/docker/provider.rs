@@ -19,7 +19,7 @@ use crate::LocalSandboxProvider;
 use crate::docker::config::DockerSandboxConfig;
 use crate::docker::error::{backend, fatal, is_not_found, status};
 use crate::docker::sandbox::DockerSandbox;
-use crate::docker::{KEY_LABEL, MANAGED_LABEL, WORKSPACE};
+use crate::docker::{KEY_LABEL, MANAGED_LABEL, NAMESPACE_LABEL, WORKSPACE};
 
 /// State shared by a provider and its sandboxes.
 pub(crate) struct Shared {
@@ -62,8 +62,10 @@ pub struct ReconcileReport {
 /// on the daemon that `DOCKER_HOST` names (or the local socket).
 ///
 /// - **Provision / reattach.** Containers carry the labels
-///   `edward.managed=true` and `edward.sandbox.key=<key>`, and a name derived
-///   from the key. `provision` finds the key's container by label and reuses
+///   `edward.managed=true`, `edward.namespace=<namespace>` and
+///   `edward.sandbox.key=<key>`, and a name derived from both. Everything
+///   below (lookup, reaping, reconciling) only sees the provider's
+///   [namespace](DockerSandboxConfig::namespace). `provision` finds the key's container by label and reuses
 ///   it (starting it if stopped), or creates the volume and the container.
 ///   Concurrent provisions of one key are serialised by a per-key lock in
 ///   this process, and across processes by the name: the loser of a create
@@ -155,21 +157,40 @@ impl DockerSandboxProvider {
         &self.shared.docker
     }
 
-    /// Name of the container of `key`: `edward-` + a sanitised prefix of the
-    /// key + a stable hash of the whole key (valid as a Docker name, the same
-    /// in every process).
-    pub fn container_name(key: &SandboxKey) -> String {
-        format!("edward-{}", LocalSandboxProvider::dir_name(key))
+    /// Name of the container of `key`: the namespace (sanitised), a
+    /// sanitised prefix of the key and a stable hash of the whole key (valid
+    /// as a Docker name, the same in every process). With the default
+    /// namespace: `edward-<key prefix>-<hash>`.
+    pub fn container_name(&self, key: &SandboxKey) -> String {
+        let namespace: String = self
+            .shared
+            .config
+            .namespace
+            .chars()
+            .take(32)
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        format!("{namespace}-{}", LocalSandboxProvider::dir_name(key))
     }
 
     /// Name of the workspace volume of `key`.
-    pub fn volume_name(key: &SandboxKey) -> String {
-        format!("{}-workspace", Self::container_name(key))
+    pub fn volume_name(&self, key: &SandboxKey) -> String {
+        format!("{}-workspace", self.container_name(key))
     }
 
-    fn labels(key: &SandboxKey) -> HashMap<String, String> {
+    fn labels(&self, key: &SandboxKey) -> HashMap<String, String> {
         HashMap::from([
             (MANAGED_LABEL.to_owned(), "true".to_owned()),
+            (
+                NAMESPACE_LABEL.to_owned(),
+                self.shared.config.namespace.clone(),
+            ),
             (KEY_LABEL.to_owned(), key.0.clone()),
         ])
     }
@@ -180,7 +201,10 @@ impl DockerSandboxProvider {
         &self,
         key: Option<&SandboxKey>,
     ) -> Result<Vec<(String, SandboxKey, bool, SystemTime)>, SandboxError> {
-        let mut label = vec![format!("{MANAGED_LABEL}=true")];
+        let mut label = vec![
+            format!("{MANAGED_LABEL}=true"),
+            format!("{NAMESPACE_LABEL}={}", self.shared.config.namespace),
+        ];
         if let Some(key) = key {
             label.push(format!("{KEY_LABEL}={}", key.0));
         }
@@ -237,7 +261,7 @@ impl DockerSandboxProvider {
             )])),
             mounts: Some(vec![Mount {
                 target: Some(WORKSPACE.into()),
-                source: Some(Self::volume_name(key)),
+                source: Some(self.volume_name(key)),
                 typ: Some(MountType::VOLUME),
                 read_only: Some(false),
                 ..Default::default()
@@ -257,7 +281,7 @@ impl DockerSandboxProvider {
             // Something that waits forever and exits on SIGTERM.
             entrypoint: Some(vec!["sleep".into()]),
             cmd: Some(vec!["2147483647".into()]),
-            labels: Some(Self::labels(key)),
+            labels: Some(self.labels(key)),
             network_disabled: Some(config.network_mode == "none"),
             host_config: Some(host_config),
             ..Default::default()
@@ -279,8 +303,8 @@ impl DockerSandboxProvider {
             return Ok(self.sandbox(key, id));
         }
         let volume = VolumeCreateRequest {
-            name: Some(Self::volume_name(key)),
-            labels: Some(Self::labels(key)),
+            name: Some(self.volume_name(key)),
+            labels: Some(self.labels(key)),
             ..Default::default()
         };
         docker
@@ -288,7 +312,7 @@ impl DockerSandboxProvider {
             .await
             .map_err(|err| backend("create volume", err))?;
         let options = CreateContainerOptionsBuilder::default()
-            .name(&Self::container_name(key))
+            .name(&self.container_name(key))
             .build();
         let id = match docker
             .create_container(Some(options), self.create_body(key))
@@ -296,12 +320,7 @@ impl DockerSandboxProvider {
         {
             Ok(created) => created.id,
             // Another process created it first: reattach to theirs.
-            Err(err) if status(&err) == Some(409) => docker
-                .inspect_container(&Self::container_name(key), None)
-                .await
-                .map_err(|err| backend("inspect container", err))?
-                .id
-                .ok_or_else(|| fatal("docker: container without an id"))?,
+            Err(err) if status(&err) == Some(409) => self.created_elsewhere(key).await?,
             Err(err) if is_not_found(&err) => {
                 return Err(fatal(format!(
                     "docker: image {} not found ({err}); build it with scripts/docker-image.sh",
@@ -313,6 +332,27 @@ impl DockerSandboxProvider {
         self.start(&id).await?;
         tracing::debug!(container = %id, "sandbox created");
         Ok(self.sandbox(key, id))
+    }
+
+    /// The id of `key`'s container after losing a create race. The daemon
+    /// reserves the name before the container can be inspected, so a lookup
+    /// right after the conflict can miss it for a moment: ask again briefly.
+    async fn created_elsewhere(&self, key: &SandboxKey) -> Result<String, SandboxError> {
+        let name = self.container_name(key);
+        let give_up = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            match self.shared.docker.inspect_container(&name, None).await {
+                Ok(found) => {
+                    return found
+                        .id
+                        .ok_or_else(|| fatal("docker: container without an id"));
+                }
+                Err(err) if is_not_found(&err) && std::time::Instant::now() < give_up => {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(err) => return Err(backend("inspect container", err)),
+            }
+        }
     }
 
     fn sandbox(&self, key: &SandboxKey, id: String) -> DockerSandbox {
@@ -417,9 +457,15 @@ impl DockerSandboxProvider {
             .collect();
         let with_container: std::collections::HashSet<String> = containers
             .iter()
-            .map(|(_, key, _, _)| Self::volume_name(key))
+            .map(|(_, key, _, _)| self.volume_name(key))
             .collect();
-        let filters = HashMap::from([("label".to_owned(), vec![format!("{MANAGED_LABEL}=true")])]);
+        let filters = HashMap::from([(
+            "label".to_owned(),
+            vec![
+                format!("{MANAGED_LABEL}=true"),
+                format!("{NAMESPACE_LABEL}={}", self.shared.config.namespace),
+            ],
+        )]);
         let options = ListVolumesOptionsBuilder::default()
             .filters(&filters)
             .build();
@@ -470,7 +516,7 @@ impl DockerSandboxProvider {
             .map(|(id, _, _, _)| id)
             .collect();
         // Also by name: a container created by hand or half-created.
-        ids.push(Self::container_name(key));
+        ids.push(self.container_name(key));
         for id in ids {
             let options = RemoveContainerOptionsBuilder::default()
                 .force(true)
@@ -489,7 +535,7 @@ impl DockerSandboxProvider {
                 Err(err) => return Err(backend("remove container", err)),
             }
         }
-        self.remove_volume(&Self::volume_name(key)).await?;
+        self.remove_volume(&self.volume_name(key)).await?;
         self.shared
             .last_used
             .lock()
