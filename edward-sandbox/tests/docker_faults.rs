@@ -404,6 +404,39 @@ async fn no_network_and_no_privileges_inside() {
     )
     .await;
     assert_eq!(out.stdout, "256\n1073741824\n", "{out:?}");
+    let out = sh(
+        &sandbox,
+        "cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us /sys/fs/cgroup/cpu/cpu.cfs_period_us 2>/dev/null || cat /sys/fs/cgroup/cpu.max",
+    )
+    .await;
+    assert!(
+        out.stdout == "100000\n100000\n" || out.stdout == "100000 100000\n",
+        "one CPU: {out:?}"
+    );
+    // What the daemon was asked for: nothing of the host mounted, only the
+    // workspace volume; the limits and hardening above as configuration.
+    let inspected = provider
+        .docker()
+        .inspect_container(sandbox.container_id(), None)
+        .await
+        .expect("inspect");
+    let mounts = inspected.mounts.unwrap_or_default();
+    assert_eq!(mounts.len(), 1, "{mounts:?}");
+    assert_eq!(mounts[0].destination.as_deref(), Some("/workspace"));
+    assert_eq!(mounts[0].typ.as_deref(), Some("volume"));
+    let host = inspected.host_config.expect("host config");
+    assert_eq!(host.binds, None);
+    assert_eq!(host.network_mode.as_deref(), Some("none"));
+    assert_eq!(host.readonly_rootfs, Some(true));
+    assert_eq!(host.cap_drop, Some(vec!["ALL".to_owned()]));
+    assert_eq!(
+        host.security_opt,
+        Some(vec!["no-new-privileges".to_owned()])
+    );
+    assert_eq!(
+        host.memory_swap, host.memory,
+        "no swap beyond the memory limit"
+    );
     // The environment is cleared: only what Edward sets.
     let out = exec(&sandbox, command("env", &[])).await;
     let mut names: Vec<&str> = out
