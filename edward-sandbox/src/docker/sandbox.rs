@@ -22,8 +22,10 @@ use crate::docker::exec::{self, Target};
 use crate::docker::provider::Shared;
 
 /// Moves a staged batch into place, run as
-/// `sh -c RENAME edward STAGE DEST…` where the staged files are
-/// `.edward/STAGE/0`, `1`, … in the order of the destinations.
+/// `sh -c RENAME edward STAGE N DEST… DIR…`: the staged files are
+/// `.edward/STAGE/0`, `1`, … for the N destinations (workspace-relative),
+/// and the DIRs (absolute) are the distinct parent directories to create,
+/// with one `mkdir -p` for all.
 ///
 /// Everything is checked before anything moves: the private and stage
 /// directories must be real directories, no directory on a destination's way
@@ -32,10 +34,13 @@ use crate::docker::provider::Shared;
 /// symlink at the destination is replaced, never followed), so a reader sees
 /// the old or the new file, never a mix. Refusals print one line `!KIND PATH`
 /// and exit 3.
-const RENAME: &str = r#"stage="/workspace/.edward/$1"; shift
+const RENAME: &str = r#"stage="/workspace/.edward/$1"; n=$2; shift 2
 fail() { echo "!$1 $2"; rm -rf "$stage"; exit 3; }
 { [ -d /workspace/.edward ] && [ ! -L /workspace/.edward ] && [ -d "$stage" ] && [ ! -L "$stage" ]; } || fail stage "$stage"
+i=0
 for dst in "$@"; do
+  [ "$i" -ge "$n" ] && break
+  i=$((i+1))
   p=/workspace; rest=$dst
   while :; do
     case $rest in */*) c=${rest%%/*}; rest=${rest#*/} ;; *) break ;; esac
@@ -45,9 +50,10 @@ for dst in "$@"; do
   done
   [ -d "/workspace/$dst" ] && [ ! -L "/workspace/$dst" ] && fail isdir "$dst"
 done
+( shift "$n"; [ "$#" -eq 0 ] || mkdir -p "$@" ) || exit 4
 i=0
 for dst in "$@"; do
-  case $dst in */*) mkdir -p "/workspace/${dst%/*}" || exit 4 ;; esac
+  [ "$i" -ge "$n" ] && break
   mv -fT "$stage/$i" "/workspace/$dst" || exit 4
   i=$((i+1))
 done
@@ -333,8 +339,13 @@ impl Sandbox for DockerSandbox {
             .await
             .map_err(|err| self.gone_or("upload", err))?;
 
-        let mut args = vec![stage];
+        let mut args = vec![stage, kept.len().to_string()];
         args.extend(kept.iter().map(|f| f.path.as_str().to_owned()));
+        let dirs: std::collections::BTreeSet<&str> = kept
+            .iter()
+            .filter_map(|f| f.path.as_str().rsplit_once('/').map(|(dir, _)| dir))
+            .collect();
+        args.extend(dirs.into_iter().map(|dir| format!("{WORKSPACE}/{dir}")));
         let (code, stdout, stderr) = self
             .target()
             .run_script(RENAME, args, Duration::from_secs(120))
