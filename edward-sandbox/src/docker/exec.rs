@@ -282,6 +282,26 @@ fn command_line(
     Ok(cmd)
 }
 
+/// The result of a command: `exit_code: None` means it timed out.
+fn exec_output(
+    stdout: Capture,
+    stderr: Capture,
+    exit_code: Option<i32>,
+    started: Instant,
+) -> ExecOutput {
+    let (stdout, stdout_truncated) = stdout.finish();
+    let (stderr, stderr_truncated) = stderr.finish();
+    ExecOutput {
+        exit_code,
+        stdout,
+        stderr,
+        stdout_truncated,
+        stderr_truncated,
+        timed_out: exit_code.is_none(),
+        duration_ms: started.elapsed().as_millis() as u64,
+    }
+}
+
 enum End {
     Finished,
     TimedOut,
@@ -323,6 +343,12 @@ pub(crate) async fn run(
     let deadline = tokio::time::sleep(request.timeout);
     tokio::pin!(deadline);
 
+    let shown_cwd = || {
+        request
+            .cwd
+            .as_ref()
+            .map_or(String::new(), |c| c.as_str().to_owned())
+    };
     // Feed one stdout chunk: the launcher's first line is its pid (or a
     // refusal marker), everything after it is the command's.
     let mut on_stdout = |message: &[u8],
@@ -345,24 +371,10 @@ pub(crate) async fn run(
         let rest = header[newline + 1..].to_vec();
         *header_done = true;
         match line.as_str() {
-            "!nocwd" => {
-                return Err(SandboxError::NotFound {
-                    path: request
-                        .cwd
-                        .as_ref()
-                        .map(|c| c.as_str())
-                        .unwrap_or("")
-                        .into(),
-                });
-            }
+            "!nocwd" => return Err(SandboxError::NotFound { path: shown_cwd() }),
             "!escape" => {
                 return Err(SandboxError::InvalidPath {
-                    path: request
-                        .cwd
-                        .as_ref()
-                        .map(|c| c.as_str())
-                        .unwrap_or("")
-                        .into(),
+                    path: shown_cwd(),
                     reason: "resolves outside the workspace through a symlink".into(),
                 });
             }
@@ -414,17 +426,8 @@ pub(crate) async fn run(
                     ),
                 ));
             }
-            let (stdout, stdout_truncated) = stdout.finish();
-            let (stderr, stderr_truncated) = stderr.finish();
-            Ok(ExecOutput {
-                exit_code: Some(i32::try_from(code).unwrap_or(i32::MAX)),
-                stdout,
-                stderr,
-                stdout_truncated,
-                stderr_truncated,
-                timed_out: false,
-                duration_ms: started.elapsed().as_millis() as u64,
-            })
+            let code = i32::try_from(code).unwrap_or(i32::MAX);
+            Ok(exec_output(stdout, stderr, Some(code), started))
         }
         End::TimedOut | End::Cancelled => {
             // Learn the pid if it has not arrived yet, then kill the group
@@ -464,17 +467,7 @@ pub(crate) async fn run(
             if matches!(end, End::Cancelled) {
                 return Err(SandboxError::Cancelled);
             }
-            let (stdout, stdout_truncated) = stdout.finish();
-            let (stderr, stderr_truncated) = stderr.finish();
-            Ok(ExecOutput {
-                exit_code: None,
-                stdout,
-                stderr,
-                stdout_truncated,
-                stderr_truncated,
-                timed_out: true,
-                duration_ms: started.elapsed().as_millis() as u64,
-            })
+            Ok(exec_output(stdout, stderr, None, started))
         }
     }
 }
