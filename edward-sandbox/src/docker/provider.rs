@@ -108,17 +108,29 @@ fn daemon_address() -> String {
     std::env::var("DOCKER_HOST").unwrap_or_else(|_| "unix:///var/run/docker.sock".into())
 }
 
+fn no_daemon(err: &bollard::errors::Error) -> SandboxError {
+    SandboxError::Backend {
+        message: format!(
+            "docker: no daemon answers at {} ({err}); start one, e.g. with scripts/dockerd.sh start",
+            daemon_address()
+        ),
+        retryable: true,
+    }
+}
+
 impl DockerSandboxProvider {
     /// Connect to the daemon named by `DOCKER_HOST` (`unix://` or `tcp://`;
     /// the local socket when unset) and agree on an API version with it.
     /// Fails with a retryable error when no daemon answers.
     pub async fn connect(config: DockerSandboxConfig) -> Result<Self, SandboxError> {
         let docker = Docker::connect_with_defaults()
-            .map_err(|err| {
-                fatal(format!(
+            .map_err(|err| match err {
+                // The usual "no daemon here": its socket does not exist.
+                bollard::errors::Error::SocketNotFoundError(_) => no_daemon(&err),
+                err => fatal(format!(
                     "docker: bad DOCKER_HOST {}: {err}",
                     daemon_address()
-                ))
+                )),
             })?
             .with_timeout(config.api_timeout);
         Self::with_client(docker, config).await
@@ -130,13 +142,10 @@ impl DockerSandboxProvider {
         docker: Docker,
         config: DockerSandboxConfig,
     ) -> Result<Self, SandboxError> {
-        let docker = docker.negotiate_version().await.map_err(|err| SandboxError::Backend {
-            message: format!(
-                "docker: no daemon answers at {} ({err}); start one, e.g. with scripts/dockerd.sh start",
-                daemon_address()
-            ),
-            retryable: true,
-        })?;
+        let docker = docker
+            .negotiate_version()
+            .await
+            .map_err(|err| no_daemon(&err))?;
         Ok(DockerSandboxProvider {
             shared: Arc::new(Shared {
                 docker,
