@@ -449,6 +449,57 @@ async fn no_network_and_no_privileges_inside() {
     provider.destroy(&key).await.expect("destroy");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_install_network_is_attached_only_on_request() {
+    use edward_sandbox::docker::bollard::models::NetworkCreateRequest;
+    // An internal network: no route anywhere, only an interface to see.
+    let network = format!("edward-test-{}", &fresh_key("n").0[15..27]);
+    let probe = provider().await;
+    probe
+        .docker()
+        .create_network(NetworkCreateRequest {
+            name: network.clone(),
+            internal: Some(true),
+            ..Default::default()
+        })
+        .await
+        .expect("create network");
+    let mut config = config();
+    config.install_network = Some(network.clone());
+    let provider = provider_with(config).await;
+    let key = fresh_key("install-net");
+    let sandbox = provider.provision_docker(&key).await.expect("provision");
+    let interfaces = |out: ExecOutput| out.stdout.lines().count();
+    let ls = || command("ls", &["/sys/class/net"]);
+    assert_eq!(
+        interfaces(exec(&sandbox, ls()).await),
+        1,
+        "only lo at first"
+    );
+    assert!(sandbox.with_install_network().await.expect("attach"));
+    assert_eq!(
+        interfaces(exec(&sandbox, ls()).await),
+        2,
+        "lo + the install network"
+    );
+    sandbox.without_install_network().await.expect("detach");
+    sandbox
+        .without_install_network()
+        .await
+        .expect("detach twice");
+    assert_eq!(interfaces(exec(&sandbox, ls()).await), 1, "only lo again");
+    // A reattach after an interrupted install detaches too.
+    assert!(sandbox.with_install_network().await.expect("attach"));
+    let again = provider.provision_docker(&key).await.expect("reattach");
+    assert_eq!(interfaces(exec(&again, ls()).await), 1);
+    provider.destroy(&key).await.expect("destroy");
+    probe
+        .docker()
+        .remove_network(&network)
+        .await
+        .expect("remove network");
+}
+
 // ------------------------------------------------------------ provisioning
 
 async fn managed_ids(docker: &Docker, key: &edward_core::SandboxKey) -> Vec<String> {

@@ -40,7 +40,10 @@ pub struct DockerSandboxConfig {
     pub network_mode: String,
     /// A network to attach only while installs run (see
     /// [`crate::DockerSandbox::with_install_network`]); `None` (default) =
-    /// installs get no network either.
+    /// installs get no network either. Containers are then created on this
+    /// network and disconnected from it right after start (Docker cannot
+    /// connect a network to a container created with mode `none`), so
+    /// between installs they still have only the loopback interface.
     pub install_network: Option<String>,
     /// OCI runtime, e.g. `runsc` for gVisor; `None` = the daemon's default.
     pub runtime: Option<String>,

@@ -255,8 +255,15 @@ impl DockerSandboxProvider {
 
     fn create_body(&self, key: &SandboxKey) -> ContainerCreateBody {
         let config = &self.shared.config;
+        // Docker cannot connect a network to a container created with
+        // `none`: with an install network, start on it and disconnect at
+        // once (see `isolate`), which leaves only the loopback interface.
+        let network_mode = config
+            .install_network
+            .clone()
+            .unwrap_or_else(|| config.network_mode.clone());
         let host_config = HostConfig {
-            network_mode: Some(config.network_mode.clone()),
+            network_mode: Some(network_mode),
             memory: Some(config.memory_bytes),
             memory_swap: Some(config.memory_bytes),
             pids_limit: Some(config.pids_limit),
@@ -291,7 +298,9 @@ impl DockerSandboxProvider {
             entrypoint: Some(vec!["sleep".into()]),
             cmd: Some(vec!["2147483647".into()]),
             labels: Some(self.labels(key)),
-            network_disabled: Some(config.network_mode == "none"),
+            network_disabled: Some(
+                config.network_mode == "none" && config.install_network.is_none(),
+            ),
             host_config: Some(host_config),
             ..Default::default()
         }
@@ -308,6 +317,7 @@ impl DockerSandboxProvider {
             if !running {
                 self.start(&id).await?;
             }
+            self.isolate(&id).await?;
             tracing::debug!(container = %id, "sandbox reattached");
             return Ok(self.sandbox(key, id));
         }
@@ -339,8 +349,32 @@ impl DockerSandboxProvider {
             Err(err) => return Err(backend("create container", err)),
         };
         self.start(&id).await?;
+        self.isolate(&id).await?;
         tracing::debug!(container = %id, "sandbox created");
         Ok(self.sandbox(key, id))
+    }
+
+    /// With an install network configured, make sure the container is not
+    /// connected to it (it was created on it, or an install was cut short).
+    async fn isolate(&self, id: &str) -> Result<(), SandboxError> {
+        let Some(network) = &self.shared.config.install_network else {
+            return Ok(());
+        };
+        let request = bollard::models::NetworkDisconnectRequest {
+            container: id.to_owned(),
+            force: Some(true),
+        };
+        match self
+            .shared
+            .docker
+            .disconnect_network(network, request)
+            .await
+        {
+            Ok(()) => Ok(()),
+            // Not connected (404 on some daemons, 500 "is not connected" on others).
+            Err(err) if matches!(status(&err), Some(404 | 500)) => Ok(()),
+            Err(err) => Err(backend("disconnect install network", err)),
+        }
     }
 
     /// The id of `key`'s container after losing a create race. The daemon

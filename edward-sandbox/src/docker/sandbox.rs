@@ -167,8 +167,6 @@ impl DockerSandbox {
         };
         match self.shared.docker.connect_network(&network, request).await {
             Ok(()) => Ok(true),
-            // Already connected.
-            Err(err) if crate::docker::error::status(&err) == Some(403) => Ok(true),
             Err(err) => Err(self.gone_or("connect install network", err)),
         }
     }
@@ -190,7 +188,8 @@ impl DockerSandbox {
             .await
         {
             Ok(()) => Ok(()),
-            Err(err) if is_not_found(&err) => Ok(()),
+            // Not connected.
+            Err(err) if matches!(crate::docker::error::status(&err), Some(404 | 500)) => Ok(()),
             Err(err) => Err(self.gone_or("disconnect install network", err)),
         }
     }
