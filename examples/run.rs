@@ -9,7 +9,11 @@
 //! ```text
 //! cargo run --example run -- "build a todo app"
 //! cargo run --example run -- --json "build a todo app"   # raw run events as JSON lines
+//! cargo run --example run --features docker -- --sandbox docker "build a todo app"
 //! ```
+//!
+//! `--sandbox docker` writes into a container (image `--image`, default
+//! `edward-sandbox:busybox`, built by `scripts/docker-image.sh`).
 //!
 //! Exits 0 when the run completes, 1 otherwise.
 
@@ -33,9 +37,16 @@ struct Cli {
     /// What to build.
     #[arg(default_value = "build a todo app")]
     prompt: String,
-    /// Where sandboxes live.
+    /// Where sandboxes live (with `--sandbox local`).
     #[arg(long, default_value = "./edward-data/sandboxes")]
     dir: PathBuf,
+    /// `local` (a directory per run) or `docker` (a container per run;
+    /// needs the `docker` feature).
+    #[arg(long, value_enum, default_value = "local")]
+    sandbox: SandboxKind,
+    /// The image of Docker sandboxes (default `edward-sandbox:busybox`).
+    #[arg(long)]
+    image: Option<String>,
     /// Print the raw run events as JSON lines instead of progress.
     #[arg(long)]
     json: bool,
@@ -59,20 +70,31 @@ struct Cli {
     replay: Vec<PathBuf>,
 }
 
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum SandboxKind {
+    Local,
+    Docker,
+}
+
 /// Backends chosen from the command line. New options (a database URL, a
 /// model provider) plug in here without touching the rest.
 struct Backends {
     engine: Engine,
-    provider: Arc<LocalSandboxProvider>,
+    provider: Arc<dyn SandboxProvider>,
 }
 
 async fn build_backends(cli: &Cli) -> Result<Backends, Box<dyn std::error::Error>> {
-    std::fs::create_dir_all(&cli.dir)?;
-    let provider = Arc::new(LocalSandboxProvider::new(&cli.dir));
+    let provider: Arc<dyn SandboxProvider> = match cli.sandbox {
+        SandboxKind::Local => {
+            std::fs::create_dir_all(&cli.dir)?;
+            Arc::new(LocalSandboxProvider::new(&cli.dir))
+        }
+        SandboxKind::Docker => docker_provider(cli).await?,
+    };
     let backend = open_backend(cli).await?;
     let builder = Engine::builder()
         .backend(backend)
-        .sandbox_provider(provider.clone() as Arc<dyn SandboxProvider>);
+        .sandbox_provider(provider.clone());
     let engine = if cli.replay.is_empty() {
         with_model_from_env(builder)?.build()?
     } else {
@@ -84,6 +106,24 @@ async fn build_backends(cli: &Cli) -> Result<Backends, Box<dyn std::error::Error
         builder.model_client(Arc::new(model)).build()?
     };
     Ok(Backends { engine, provider })
+}
+
+#[cfg(feature = "docker")]
+async fn docker_provider(
+    cli: &Cli,
+) -> Result<Arc<dyn SandboxProvider>, Box<dyn std::error::Error>> {
+    let mut config = edward::sandbox::DockerSandboxConfig::default();
+    if let Some(image) = &cli.image {
+        config.image = image.clone();
+    }
+    Ok(Arc::new(
+        edward::sandbox::DockerSandboxProvider::connect(config).await?,
+    ))
+}
+
+#[cfg(not(feature = "docker"))]
+async fn docker_provider(_: &Cli) -> Result<Arc<dyn SandboxProvider>, Box<dyn std::error::Error>> {
+    Err("--sandbox docker needs the `docker` feature (cargo run --example run --features docker -- --sandbox docker …)".into())
 }
 
 /// `EDWARD_MODEL=openai:gpt-4o-mini` (or `anthropic:…`, `gemini:…`,
@@ -181,8 +221,12 @@ async fn run(cli: Cli) -> Result<bool, Box<dyn std::error::Error>> {
     let completed = last
         .as_ref()
         .is_some_and(|e| e.payload["status"] == "completed");
-    let workspace = provider.workspace_path(&Engine::sandbox_key(id));
-    view.finish(last.as_ref(), &workspace);
+    // Reattach to learn where the files are (a directory, a container id).
+    let location = provider
+        .provision(&Engine::sandbox_key(id), &Default::default())
+        .await
+        .map_or_else(|e| format!("unavailable ({e})"), |s| s.location());
+    view.finish(last.as_ref(), &location);
     Ok(completed)
 }
 
@@ -323,7 +367,7 @@ impl View {
         Ok(())
     }
 
-    fn finish(&self, last: Option<&RunEvent>, workspace: &std::path::Path) {
+    fn finish(&self, last: Option<&RunEvent>, location: &str) {
         if let Some(pb) = &self.bar {
             pb.finish_and_clear();
         }
@@ -352,7 +396,7 @@ impl View {
             p["duration_ms"]
         );
         println!("  files written: {} ({} bytes)", self.files, self.bytes);
-        println!("  sandbox: {}", workspace.display());
+        println!("  sandbox: {location}");
     }
 }
 

@@ -12,14 +12,14 @@ use tokio_util::sync::CancellationToken;
 use crate::config::LocalSandboxConfig;
 
 /// Output of one stream: the first `cap` bytes, and a count of the rest.
-struct Capture {
+pub(crate) struct Capture {
     kept: Vec<u8>,
     cap: usize,
     discarded: u64,
 }
 
 impl Capture {
-    fn new(cap: usize) -> Self {
+    pub(crate) fn new(cap: usize) -> Self {
         Capture {
             kept: Vec::with_capacity(cap.min(64 * 1024)),
             cap,
@@ -27,7 +27,7 @@ impl Capture {
         }
     }
 
-    fn push(&mut self, chunk: &[u8]) {
+    pub(crate) fn push(&mut self, chunk: &[u8]) {
         let room = self.cap.saturating_sub(self.kept.len());
         let take = room.min(chunk.len());
         self.kept.extend_from_slice(&chunk[..take]);
@@ -38,7 +38,7 @@ impl Capture {
     /// takes 3 bytes, so invalid input can push kept bytes past the cap; those
     /// are counted as discarded too. A multi-byte character cut by the cap is
     /// dropped whole rather than shown as a replacement character.
-    fn finish(mut self) -> (String, u64) {
+    pub(crate) fn finish(mut self) -> (String, u64) {
         if self.discarded > 0 {
             let cut = incomplete_tail(&self.kept);
             self.kept.truncate(self.kept.len() - cut);

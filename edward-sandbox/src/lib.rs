@@ -48,6 +48,10 @@
 //!   calls `setsid` leaves the group: only the jail catches it);
 //! - captured output is capped; the bytes beyond the cap are counted, not kept.
 //!
+//! A command can still read or write anything the host user can (`cat /etc/passwd`,
+//! `rm -rf ~`). Run untrusted model output in a [`DockerSandbox`] (feature
+//! `docker`) or inside a container/VM of your own.
+//!
 //! # Semantics
 //!
 //! - **Workspace directory.** The directory name is derived from the
@@ -118,10 +122,14 @@
 #![deny(missing_docs)]
 
 mod config;
+#[cfg(feature = "docker")]
+pub mod docker;
 mod exec;
 mod fs;
 mod jail;
 mod local;
 
 pub use config::{Confinement, LocalSandboxConfig, NetworkAccess};
+#[cfg(feature = "docker")]
+pub use docker::{DockerSandbox, DockerSandboxConfig, DockerSandboxProvider};
 pub use local::{LocalSandbox, LocalSandboxProvider};
