@@ -310,6 +310,7 @@ pub fn fast_retry() -> RetryPolicy {
         base_delay: Duration::from_millis(5),
         max_delay: Duration::from_millis(20),
         max_retry_after: Duration::from_secs(5),
+        ..RetryPolicy::default()
     }
 }
 
