@@ -492,7 +492,8 @@ impl HttpCore {
         };
         ModelError::Transport {
             message: format!(
-                "{} answered a streaming request with {ct} that is not a {} reply: {}",
+                "{} answered a streaming request with {ct}, which is neither an event stream \
+                 nor a complete {} reply: {}",
                 self.provider,
                 self.provider,
                 self.scrub(&truncate(text.trim(), 200))
