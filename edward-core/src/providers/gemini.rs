@@ -225,48 +225,46 @@ impl WireParser for GeminiParser {
 
 /// One `GenerateContentResponse`.
 fn read_response(core: &HttpCore, v: &Value, acc: &mut StreamAcc) -> Result<(), ModelError> {
+    if let Some(err) = v.get("error").filter(|e| e.is_object()) {
+        return Err(core.classify_in_stream(provider_error_from_object(err)));
+    }
+    if let Some(reason) = v["promptFeedback"]
+        .get("blockReason")
+        .and_then(|r| r.as_str())
     {
-        if let Some(err) = v.get("error").filter(|e| e.is_object()) {
-            return Err(core.classify_in_stream(provider_error_from_object(err)));
-        }
-        if let Some(reason) = v["promptFeedback"]
-            .get("blockReason")
-            .and_then(|r| r.as_str())
-        {
-            return Err(ModelError::ContentFiltered {
-                message: format!("prompt blocked: {reason}"),
-            });
-        }
-        if let Some(candidate) = v
-            .get("candidates")
-            .and_then(|c| c.as_array())
-            .and_then(|c| c.first())
-        {
-            if let Some(parts) = candidate["content"].get("parts").and_then(|p| p.as_array()) {
-                for part in parts {
-                    let Some(text) = part.get("text").and_then(|t| t.as_str()) else {
-                        continue;
-                    };
-                    if part.get("thought").and_then(|t| t.as_bool()) == Some(true) {
-                        acc.thinking(text);
-                    } else {
-                        acc.text(text);
-                    }
+        return Err(ModelError::ContentFiltered {
+            message: format!("prompt blocked: {reason}"),
+        });
+    }
+    if let Some(candidate) = v
+        .get("candidates")
+        .and_then(|c| c.as_array())
+        .and_then(|c| c.first())
+    {
+        if let Some(parts) = candidate["content"].get("parts").and_then(|p| p.as_array()) {
+            for part in parts {
+                let Some(text) = part.get("text").and_then(|t| t.as_str()) else {
+                    continue;
+                };
+                if part.get("thought").and_then(|t| t.as_bool()) == Some(true) {
+                    acc.thinking(text);
+                } else {
+                    acc.text(text);
                 }
             }
-            if let Some(r) = candidate.get("finishReason").and_then(|r| r.as_str()) {
-                acc.finish = Some(finish_reason(r));
-            }
         }
-        if let Some(u) = v.get("usageMetadata").filter(|u| u.is_object()) {
-            acc.report_input(u.get("promptTokenCount").and_then(|n| n.as_u64()));
-            let candidates = u.get("candidatesTokenCount").and_then(|n| n.as_u64());
-            let thoughts = u.get("thoughtsTokenCount").and_then(|n| n.as_u64());
-            if candidates.is_some() || thoughts.is_some() {
-                // Thought tokens are billed as output.
-                acc.report_output(Some(candidates.unwrap_or(0) + thoughts.unwrap_or(0)));
-            }
+        if let Some(r) = candidate.get("finishReason").and_then(|r| r.as_str()) {
+            acc.finish = Some(finish_reason(r));
         }
-        Ok(())
     }
+    if let Some(u) = v.get("usageMetadata").filter(|u| u.is_object()) {
+        acc.report_input(u.get("promptTokenCount").and_then(|n| n.as_u64()));
+        let candidates = u.get("candidatesTokenCount").and_then(|n| n.as_u64());
+        let thoughts = u.get("thoughtsTokenCount").and_then(|n| n.as_u64());
+        if candidates.is_some() || thoughts.is_some() {
+            // Thought tokens are billed as output.
+            acc.report_output(Some(candidates.unwrap_or(0) + thoughts.unwrap_or(0)));
+        }
+    }
+    Ok(())
 }
