@@ -880,7 +880,16 @@ impl RunCtx {
             }
             match opened {
                 None => return Err(TurnError::Stopped),
-                Some(Ok(s)) => break s,
+                Some(Ok(s)) => {
+                    // The retries before it are history: a later failure of
+                    // this stream is not quoted as theirs.
+                    *self
+                        .interrupted
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner) =
+                        Interrupted::default();
+                    break s;
+                }
                 Some(Err(ModelError::Cancelled)) => return Err(TurnError::Stopped),
                 Some(Err(e)) if e.is_retryable() && attempt < max_attempts => {
                     let delay = match &e {
