@@ -9,11 +9,13 @@ mod providers_support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use edward::core::engine::{Engine, EngineConfig, RunRequest, WorkerConfig};
+use edward::core::engine::{Budgets, Engine, EngineConfig, RunRequest, WorkerConfig};
 use edward::core::providers::{AnthropicClient, GeminiClient, OpenAiClient, RetryPolicy};
 use edward::core::{ModelClient, RunEvent, RunId, SandboxProvider};
 use edward::sandbox::LocalSandboxProvider;
-use providers_support::{KEY, Reply, TestServer};
+use providers_support::{
+    GATEWAY_ANSWER, GATEWAY_CUT, KEY, Piece, Reply, TestServer, fast_retry, fixture, windowed_retry,
+};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
@@ -105,6 +107,19 @@ async fn run_engine(
     model: Arc<dyn ModelClient>,
     model_name: &str,
 ) -> (Vec<RunEvent>, std::path::PathBuf, tempfile::TempDir) {
+    run_engine_with(
+        model,
+        model_name,
+        RunRequest::new("user", "chat", "write a greeting file"),
+    )
+    .await
+}
+
+async fn run_engine_with(
+    model: Arc<dyn ModelClient>,
+    model_name: &str,
+    request: RunRequest,
+) -> (Vec<RunEvent>, std::path::PathBuf, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("tempdir");
     let sandboxes = Arc::new(LocalSandboxProvider::new(dir.path()));
     let engine = Engine::builder()
@@ -120,10 +135,7 @@ async fn run_engine(
         let cfg = WorkerConfig::new(shutdown.clone());
         async move { engine.worker(cfg).await.expect("worker config") }
     });
-    let id: RunId = engine
-        .submit(RunRequest::new("user", "chat", "write a greeting file"))
-        .await
-        .expect("submit");
+    let id: RunId = engine.submit(request).await.expect("submit");
     let events = tokio::time::timeout(Duration::from_secs(60), async {
         let mut s = engine.raw_events(id, 0);
         let mut out = Vec::new();
@@ -249,4 +261,290 @@ async fn provider_error_fails_the_run_with_a_typed_reason() {
     );
     assert!(!serde_json::to_string(&events).unwrap().contains(KEY));
     assert_eq!(server.requests().len(), 1);
+}
+
+// ------------------------------------------------- gateways (issue 15)
+
+fn openai(base_url: &str, retry: RetryPolicy) -> Arc<dyn ModelClient> {
+    Arc::new(
+        OpenAiClient::builder()
+            .api_key(KEY)
+            .base_url(base_url)
+            .retry(retry)
+            .build()
+            .unwrap(),
+    )
+}
+
+fn anthropic(base_url: &str, retry: RetryPolicy) -> Arc<dyn ModelClient> {
+    Arc::new(
+        AnthropicClient::builder()
+            .api_key(KEY)
+            .base_url(base_url)
+            .retry(retry)
+            .build()
+            .unwrap(),
+    )
+}
+
+fn of_kind<'a>(events: &'a [RunEvent], kind: &str) -> Vec<&'a RunEvent> {
+    events.iter().filter(|e| e.kind == kind).collect()
+}
+
+fn finished(events: &[RunEvent]) -> &serde_json::Value {
+    let last = events.last().expect("events");
+    assert_eq!(last.kind, "run_finished");
+    &last.payload
+}
+
+/// The run completed `done` with the file of [`GATEWAY_ANSWER`] written and
+/// the server's 1312/41 tokens.
+fn check_gateway_answer(events: &[RunEvent], workspace: &std::path::Path) {
+    let end = finished(events);
+    assert_eq!(end["status"], "completed", "{end}");
+    assert_eq!(end["reason"], "done");
+    assert_eq!(end["usage"]["input_tokens"], 1312);
+    assert_eq!(end["usage"]["output_tokens"], 41);
+    assert_eq!(end["usage"]["estimated"], false);
+    let ended = of_kind(events, "model_finished");
+    assert_eq!(ended.len(), 1);
+    assert_eq!(
+        ended[0].payload,
+        json!({"turn": 1, "finish_reason": "stop", "usage_reported": true})
+    );
+    let content = std::fs::read_to_string(workspace.join("hello.txt")).expect("hello.txt");
+    assert!(content.contains("héllo through a gateway ✓"), "{content:?}");
+    assert!(GATEWAY_ANSWER.contains(content.trim()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openai_gateway_stream_with_quirks_completes() {
+    let server = TestServer::start(vec![Reply::sse(fixture("openai", "gateway_usage.sse"))]).await;
+    let (events, ws, _dir) =
+        run_engine(openai(&server.base_url, fast_retry()), "gpt-4o-mini").await;
+    check_gateway_answer(&events, &ws);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anthropic_gateway_stream_with_late_input_count_completes() {
+    let server =
+        TestServer::start(vec![Reply::sse(fixture("anthropic", "gateway_usage.sse"))]).await;
+    let (events, ws, _dir) = run_engine(
+        anthropic(&server.base_url, fast_retry()),
+        "claude-sonnet-4-20250514",
+    )
+    .await;
+    check_gateway_answer(&events, &ws);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_reply_to_a_streaming_request_is_one_answer() {
+    for (provider, client_for, model) in [
+        (
+            "openai",
+            openai as fn(&str, RetryPolicy) -> Arc<dyn ModelClient>,
+            "gpt-4o-mini",
+        ),
+        ("anthropic", anthropic, "claude-sonnet-4-20250514"),
+    ] {
+        let server =
+            TestServer::start(vec![Reply::json(fixture(provider, "nonstream.json"))]).await;
+        let (events, ws, _dir) =
+            run_engine(client_for(&server.base_url, fast_retry()), model).await;
+        check_gateway_answer(&events, &ws);
+    }
+}
+
+/// The gateway's `stop` + usage + `[DONE]` after its upstream died mid-file:
+/// `model_finished` shows the finish reason, that usage came from the
+/// server, and the file scope the stream ended in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateway_stop_inside_an_open_file_is_surfaced() {
+    let server = TestServer::start(vec![Reply::sse(fixture(
+        "openai",
+        "gateway_stop_after_upstream_failure.sse",
+    ))])
+    .await;
+    let request = RunRequest::new("user", "chat", "write the big file").with_budgets(Budgets {
+        max_turns: 1,
+        ..Budgets::default()
+    });
+    let (events, _ws, _dir) = run_engine_with(
+        openai(&server.base_url, fast_retry()),
+        "gpt-4o-mini",
+        request,
+    )
+    .await;
+    let ended = of_kind(&events, "model_finished");
+    assert_eq!(ended.len(), 1);
+    assert_eq!(
+        ended[0].payload,
+        json!({"turn": 1, "finish_reason": "stop", "usage_reported": true, "open_scope": "file big.txt"})
+    );
+    let streamed: String = of_kind(&events, "file_delta")
+        .iter()
+        .map(|e| e.payload["content"].as_str().unwrap_or(""))
+        .collect();
+    assert!(GATEWAY_CUT.ends_with(&streamed), "{streamed:?}");
+    let end = finished(&events);
+    assert_eq!(end["status"], "completed", "{end}");
+    assert_eq!(end["reason"], "budget_exhausted:turns");
+    assert_eq!(end["usage"]["input_tokens"], 1312);
+    assert_eq!(end["usage"]["output_tokens"], 27);
+}
+
+/// Anthropic's form (`end_turn` + `message_stop` inside an open content
+/// block) is an interrupted stream: the run fails naming it, and the turn's
+/// input and streamed output still count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anthropic_gateway_end_turn_inside_a_block_fails_and_counts_usage() {
+    let server = TestServer::start(vec![Reply::sse(fixture(
+        "anthropic",
+        "gateway_end_turn_after_upstream_failure.sse",
+    ))])
+    .await;
+    let (events, _ws, _dir) = run_engine(
+        anthropic(&server.base_url, fast_retry()),
+        "claude-sonnet-4-20250514",
+    )
+    .await;
+    let end = finished(&events);
+    assert_eq!(end["status"], "failed", "{end}");
+    let reason = end["reason"].as_str().unwrap_or("");
+    assert!(
+        reason.starts_with("error: model: model stream interrupted"),
+        "{reason}"
+    );
+    assert!(reason.contains("content block 0"), "{reason}");
+    assert_eq!(end["turns"], 1);
+    assert!(
+        end["usage"]["input_tokens"].as_u64().unwrap_or(0) > 100,
+        "{end}"
+    );
+    assert!(
+        end["usage"]["output_tokens"].as_u64().unwrap_or(0) >= 27,
+        "{end}"
+    );
+    assert_eq!(end["usage"]["estimated"], true);
+    assert!(of_kind(&events, "model_finished").is_empty());
+    assert!(of_kind(&events, "file_written").is_empty());
+}
+
+/// A connection cut after output: the run fails, and the turn's usage
+/// (estimated input, estimated streamed output) is in `run_finished`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interrupted_turn_counts_input_and_streamed_output() {
+    let body = openai_body();
+    // Cut after the first dozen events, inside the answer.
+    let cut = body.match_indices("data: ").nth(12).expect("events").0;
+    let reply = Reply::sse(body.as_bytes()[..cut].to_vec())
+        .then(Piece::Sleep(Duration::from_millis(100)))
+        .then(Piece::Cut);
+    let server = TestServer::start(vec![reply]).await;
+    let (events, _ws, _dir) =
+        run_engine(openai(&server.base_url, fast_retry()), "gpt-4o-mini").await;
+    let end = finished(&events);
+    assert_eq!(end["status"], "failed", "{end}");
+    assert!(
+        end["reason"].as_str().unwrap_or("").contains("interrupted"),
+        "{end}"
+    );
+    assert!(
+        end["usage"]["input_tokens"].as_u64().unwrap_or(0) > 100,
+        "{end}"
+    );
+    assert!(
+        end["usage"]["output_tokens"].as_u64().unwrap_or(0) > 5,
+        "{end}"
+    );
+    assert_eq!(end["usage"]["estimated"], true);
+    assert!(end["cost_usd"].as_f64().unwrap_or(0.0) > 0.0, "{end}");
+}
+
+fn check_retries(events: &[RunEvent], n: usize) {
+    let retries = of_kind(events, "model_retry");
+    assert_eq!(retries.len(), n, "{retries:?}");
+    for (i, r) in retries.iter().enumerate() {
+        let p = &r.payload;
+        assert_eq!(p["turn"], 1);
+        assert_eq!(p["attempt"], i as u64 + 1);
+        assert_eq!(p["status"], 429);
+        assert!(p["delay_ms"].as_u64().is_some(), "{p}");
+        assert!(
+            p["message"]
+                .as_str()
+                .unwrap_or("")
+                .contains("Rate limit reached"),
+            "{p}"
+        );
+        assert_eq!(p["error"], "rate limited by the model provider");
+    }
+    // Every retry is between the turn's start and its end.
+    let seq = |kind: &str| events.iter().find(|e| e.kind == kind).map(|e| e.seq);
+    if let (Some(first), Some(start)) = (retries.first(), seq("turn_started")) {
+        assert!(first.seq > start);
+    }
+}
+
+/// A model that succeeds on the 4th attempt after three 429s: three
+/// `model_retry` events, each with its delay, then a completed run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fourth_attempt_succeeds_after_three_visible_retries() {
+    let mut replies = vec![Reply::error(429, fixture("openai", "error_429.json")); 3];
+    replies.push(Reply::sse(fixture("openai", "gateway_usage.sse")));
+    let server = TestServer::start(replies).await;
+    let (events, ws, _dir) =
+        run_engine(openai(&server.base_url, fast_retry()), "gpt-4o-mini").await;
+    check_retries(&events, 3);
+    check_gateway_answer(&events, &ws);
+    assert_eq!(server.requests().len(), 4);
+}
+
+/// An upstream rate limited for a while with `Retry-After` stripped (5 s in
+/// the field; 500 ms here with a proportionally short policy): retried
+/// until it answers, every retry visible.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rate_limit_without_retry_after_is_outlasted() {
+    let server = TestServer::start_gated(
+        Reply::error(429, fixture("openai", "error_429.json")),
+        Duration::from_millis(500),
+        vec![Reply::sse(fixture("openai", "gateway_usage.sse"))],
+    )
+    .await;
+    let (events, ws, _dir) = run_engine(
+        openai(&server.base_url, windowed_retry(Duration::from_secs(10))),
+        "gpt-4o-mini",
+    )
+    .await;
+    let n = server.requests().len();
+    assert!(n >= 3, "{n}");
+    check_retries(&events, n - 1);
+    check_gateway_answer(&events, &ws);
+}
+
+/// Retries used up: the run fails with the attempt count and the
+/// provider's message in the terminal reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exhausted_retries_name_attempts_and_provider_message() {
+    let server = TestServer::start(vec![
+        Reply::error(429, fixture("openai", "error_429.json"));
+        4
+    ])
+    .await;
+    let (events, _ws, _dir) =
+        run_engine(openai(&server.base_url, fast_retry()), "gpt-4o-mini").await;
+    check_retries(&events, 3);
+    let end = finished(&events);
+    assert_eq!(end["status"], "failed", "{end}");
+    let reason = end["reason"].as_str().unwrap_or("");
+    assert!(
+        reason.starts_with("error: model: rate limited by the model provider after 4 attempts"),
+        "{reason}"
+    );
+    assert!(
+        reason.contains("Rate limit reached for gpt-4o-mini"),
+        "{reason}"
+    );
+    // Rejected attempts never reached the model: no usage.
+    assert_eq!(end["usage"]["input_tokens"], 0);
 }

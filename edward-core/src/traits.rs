@@ -517,6 +517,74 @@ pub trait ModelClient: Send + Sync + 'static {
     fn retries_internally(&self) -> bool {
         false
     }
+
+    /// [`ModelClient::stream`] with what the engine knows about the call:
+    /// the latest moment a retry may still start (the run's deadline) and an
+    /// observer told about every failed attempt, so retries inside the
+    /// client are visible as `model_retry` events. The default ignores
+    /// `call` and calls `stream`; the HTTP providers honour both.
+    async fn stream_call(
+        &self,
+        request: ModelRequest,
+        cancel: CancellationToken,
+        call: ModelCall,
+    ) -> Result<ModelStream, ModelError> {
+        let _ = call;
+        self.stream(request, cancel).await
+    }
+}
+
+/// One failed attempt of a model call, as reported to a [`ModelObserver`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct AttemptFailure {
+    /// 1-based attempt that failed.
+    pub attempt: u32,
+    /// The HTTP status, when the provider answered with one.
+    pub status: Option<u16>,
+    /// The provider's own error message (scrubbed of the key), when it sent one.
+    pub message: Option<String>,
+    /// The typed error of this attempt.
+    pub error: ModelError,
+    /// `Some(delay)`: the call is retried after `delay`. `None`: this was the
+    /// last attempt (fatal error, attempts or retry window used up, or a
+    /// retry would pass the call's deadline) and `error` ends the call.
+    pub retry_in: Option<Duration>,
+}
+
+/// Told about every failed attempt of a model call (see
+/// [`ModelClient::stream_call`]). Called synchronously from the client's
+/// retry loop: implementations only record or forward.
+pub trait ModelObserver: Send + Sync {
+    /// An attempt failed.
+    fn attempt_failed(&self, failure: &AttemptFailure);
+}
+
+/// What the caller tells a model client about one call.
+#[derive(Clone, Default)]
+pub struct ModelCall {
+    /// No retry is started when its delay would end after this instant (the
+    /// run's deadline budget bounds the client's retry window).
+    pub deadline: Option<tokio::time::Instant>,
+    /// Told about every failed attempt.
+    pub observer: Option<Arc<dyn ModelObserver>>,
+}
+
+impl std::fmt::Debug for ModelCall {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ModelCall")
+            .field("deadline", &self.deadline)
+            .field("observer", &self.observer.is_some())
+            .finish()
+    }
+}
+
+impl ModelCall {
+    /// Report `failure` to the observer, if any.
+    pub fn report(&self, failure: &AttemptFailure) {
+        if let Some(o) = &self.observer {
+            o.attempt_failed(failure);
+        }
+    }
 }
 
 // ---------------------------------------------------------------- WebSearch

@@ -46,6 +46,9 @@ provider_tests! { P;
     eof_before_message_stop_is_interrupted => eof_before_end(),
     overloaded_error_event_mid_stream =>
         error_mid_stream(|e| matches!(e, ModelError::Overloaded { status: 529, .. })),
+    gateway_usage_input_zero_then_real => gateway_usage(),
+    json_reply_to_a_streaming_request => json_instead_of_sse("Short plan."),
+    retries_are_reported_to_the_observer => retries_are_reported("per-minute rate limit"),
 }
 
 #[tokio::test]
@@ -122,4 +125,36 @@ fn debug_output_never_shows_the_key() {
     for shown in [format!("{b:?}"), format!("{client:?}")] {
         assert!(!shown.contains(KEY), "{shown}");
     }
+}
+
+/// The Anthropic form of a gateway closing a dead upstream's stream:
+/// `end_turn` and `message_stop` while the content block is still open.
+/// That is an interrupted stream: the text so far, the usage of what was
+/// streamed, then `StreamInterrupted` naming the open block.
+#[tokio::test]
+async fn gateway_end_turn_inside_an_open_block_is_interrupted() {
+    let server = TestServer::start(vec![Reply::sse(fixture(
+        "anthropic",
+        "gateway_end_turn_after_upstream_failure.sse",
+    ))])
+    .await;
+    let c = run(
+        &*make(&server.base_url, fast_retry(), Timeouts::default()),
+        request(P.model),
+    )
+    .await;
+    assert_eq!(c.text, GATEWAY_CUT);
+    match &c.error {
+        Some(ModelError::StreamInterrupted { message }) => {
+            assert!(message.contains("content block 0"), "{message}")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(c.finish.is_empty());
+    assert_eq!(c.usage.len(), 1);
+    // Output: at least the gateway's 27 tokens (the estimate of the
+    // streamed text when larger); input: `0` is no count, so estimated.
+    assert!(c.usage[0].output_tokens >= 27, "{:?}", c.usage);
+    assert!(c.usage[0].input_tokens > 0);
+    assert!(c.usage[0].estimated);
 }

@@ -47,6 +47,8 @@ provider_tests! { P;
     eof_before_finish_reason_is_interrupted => eof_before_end(),
     error_object_mid_stream_is_typed =>
         error_mid_stream(|e| matches!(e, ModelError::Overloaded { status: 503, .. })),
+    json_reply_to_a_streaming_request => json_instead_of_sse(""),
+    retries_are_reported_to_the_observer => retries_are_reported("Resource has been exhausted"),
 }
 
 #[tokio::test]

@@ -48,6 +48,9 @@ provider_tests! { P;
     eof_before_done_is_interrupted => eof_before_end(),
     error_object_mid_stream_is_typed =>
         error_mid_stream(|e| matches!(e, ModelError::Overloaded { status: 500, .. })),
+    gateway_usage_chunk_and_rewritten_ids => gateway_usage(),
+    json_reply_to_a_streaming_request => json_instead_of_sse(""),
+    retries_are_reported_to_the_observer => retries_are_reported("Rate limit reached"),
 }
 
 #[tokio::test]
@@ -180,4 +183,33 @@ fn debug_output_never_shows_the_key() {
         assert!(!shown.contains(KEY), "{shown}");
         assert!(!shown.contains("gw-secret-value"), "{shown}");
     }
+}
+
+/// The gateway ended a stream whose upstream died mid-file with `stop`, its
+/// own usage and `[DONE]`: nothing on the wire tells, so the provider passes
+/// every signal through (the cut text, `Stop`, the server's usage) and the
+/// engine sees the open file scope (`tests/providers_engine.rs`).
+#[tokio::test]
+async fn gateway_stop_after_upstream_failure_passes_every_signal() {
+    let server = TestServer::start(vec![Reply::sse(fixture(
+        "openai",
+        "gateway_stop_after_upstream_failure.sse",
+    ))])
+    .await;
+    let c = run(
+        &*make(&server.base_url, fast_retry(), Timeouts::default()),
+        request(P.model),
+    )
+    .await;
+    assert_eq!(c.error, None);
+    assert_eq!(c.text, GATEWAY_CUT);
+    assert_eq!(c.finish, vec![FinishReason::Stop]);
+    assert_eq!(
+        c.usage,
+        vec![Usage {
+            input_tokens: 1312,
+            output_tokens: 27,
+            estimated: false
+        }]
+    );
 }

@@ -230,7 +230,9 @@ pub enum EngineEvent {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         error: Option<String>,
     },
-    /// The model call was retried after a retryable error before output began.
+    /// The model call is retried after a retryable error before output
+    /// began: one event per retry, whether the engine or the provider's
+    /// HTTP client retries.
     ModelRetry {
         /// Turn.
         turn: u32,
@@ -240,6 +242,31 @@ pub enum EngineEvent {
         error: String,
         /// Backoff before the next attempt.
         delay_ms: u64,
+        /// The HTTP status of the failed attempt, when there was one.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        status: Option<u16>,
+        /// The provider's own error message, when it sent one.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        message: Option<String>,
+    },
+    /// The model's stream ended on its own (not cut by the engine): every
+    /// end-of-stream signal the provider gave, so a stream a gateway closed
+    /// as if finished after its upstream died is visible as such.
+    ModelFinished {
+        /// Turn.
+        turn: u32,
+        /// The provider's finish reason (`stop`, `length`, `content_filter`,
+        /// or its own word); `None` when the stream carried none.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        finish_reason: Option<String>,
+        /// Whether the token counts came from the server (`false`: Edward
+        /// estimated at least one of them).
+        usage_reported: bool,
+        /// The Edward protocol scope still open when the stream ended
+        /// (`file <path>`): the output was cut inside it, whatever the
+        /// finish reason says.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        open_scope: Option<String>,
     },
     /// A budget passed 80 % of its limit (once per budget per run).
     BudgetWarning {
@@ -350,6 +377,7 @@ impl EngineEvent {
             EngineEvent::WebSearchStarted { .. } => "web_search_started",
             EngineEvent::WebSearchFinished { .. } => "web_search_finished",
             EngineEvent::ModelRetry { .. } => "model_retry",
+            EngineEvent::ModelFinished { .. } => "model_finished",
             EngineEvent::BudgetWarning { .. } => "budget_warning",
             EngineEvent::TurnFinished { .. } => "turn_finished",
             EngineEvent::RunFinished { .. } => "run_finished",

@@ -23,8 +23,9 @@ use super::prompt::{BoundedText, NUDGE_MESSAGE, SYSTEM_PROMPT, continuation_mess
 use super::sink::{LogError, LogTuning, RunLog};
 use crate::parser::{Event, Parser};
 use crate::{
-    Checkpoint, Fence, Lease, Message, ModelChunk, ModelError, ModelRequest, NewEvent, Notifier,
-    Role, RunId, RunStatus, RunStore, StoreError, Usage,
+    AttemptFailure, Checkpoint, Fence, Lease, Message, ModelCall, ModelChunk, ModelError,
+    ModelObserver, ModelRequest, NewEvent, Notifier, Role, RunId, RunStatus, RunStore, StoreError,
+    Usage,
 };
 
 /// Why a run's token fired.
@@ -247,6 +248,7 @@ pub(crate) async fn execute(
             lost: lost.clone(),
             turns_started: std::sync::atomic::AtomicU32::new(0),
             max_infra,
+            interrupted: std::sync::Mutex::new(Interrupted::default()),
         };
         let driven = async {
             let end = match ctx.drive(run, &lease, &worker_id).await {
@@ -293,6 +295,26 @@ struct RunCtx {
     turns_started: std::sync::atomic::AtomicU32,
     /// Attempts that may fail on infrastructure before the run fails.
     max_infra: u32,
+    /// What a model call that did not end normally left behind.
+    interrupted: std::sync::Mutex<Interrupted>,
+}
+
+/// What a model call that did not end normally left behind: the usage of a
+/// stream that had reached the model, and how the attempts went.
+#[derive(Debug, Default)]
+struct Interrupted {
+    usage: Option<Usage>,
+    attempts: u32,
+    provider_message: Option<String>,
+}
+
+/// Forwards a client's failed attempts to the engine (see [`ModelObserver`]).
+struct AttemptTap(mpsc::UnboundedSender<AttemptFailure>);
+
+impl ModelObserver for AttemptTap {
+    fn attempt_failed(&self, failure: &AttemptFailure) {
+        let _ = self.0.send(failure.clone());
+    }
 }
 
 impl RunCtx {
@@ -628,11 +650,21 @@ impl RunCtx {
             self.turns_started
                 .fetch_max(turn, std::sync::atomic::Ordering::Relaxed);
 
-            let report = match self
+            let outcome = self
                 .turn(turn, request, state, budgets, target)
                 .instrument(tracing::info_span!("turn", turn))
-                .await
-            {
+                .await;
+            // A turn that did not end normally still used what reached the model.
+            let interrupted = std::mem::take(
+                &mut *self
+                    .interrupted
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner),
+            );
+            if let (Err(_), Some(u)) = (&outcome, interrupted.usage) {
+                state.budget.add_usage(&u, price.cost(model, &u));
+            }
+            let report = match outcome {
                 Ok(r) => r,
                 Err(TurnError::Stopped) => {
                     return self
@@ -644,7 +676,7 @@ impl RunCtx {
                     return self
                         .finish(
                             RunStatus::Failed,
-                            &format!("error: model: {e}"),
+                            &model_failure_reason(&e, &interrupted),
                             &state.budget,
                             state.started_at,
                         )
@@ -917,7 +949,12 @@ impl RunCtx {
             self.inner.prices.get(&request.model),
             self.inner.model.estimate_input_tokens(&request),
         );
-        let stream_side = self.stream(turn, request, tx, out_budget);
+        // Retries inside the model client never start past the run's deadline.
+        let left = budgets
+            .deadline()
+            .saturating_sub((Utc::now() - state.started_at).to_std().unwrap_or_default());
+        let deadline = tokio::time::Instant::now() + left;
+        let stream_side = self.stream(turn, request, tx, out_budget, deadline);
         let effect_side = effects.handle(rx);
         let (streamed, effected) = tokio::join!(stream_side, effect_side);
         // A handler failure explains a stream that stopped early, so it wins.
@@ -944,8 +981,15 @@ impl RunCtx {
         request: ModelRequest,
         tx: mpsc::Sender<EffectItem>,
         out_budget: u64,
+        deadline: tokio::time::Instant,
     ) -> Result<Streamed, TurnError> {
         let token = self.control.token.clone();
+        let est_input = self.inner.model.estimate_input_tokens(&request);
+        let (tap, mut failures) = mpsc::unbounded_channel();
+        let call = ModelCall {
+            deadline: Some(deadline),
+            observer: Some(Arc::new(AttemptTap(tap))),
+        };
         // A client that retries internally (the HTTP providers) is not
         // retried again here, or attempts would multiply.
         let max_attempts = if self.inner.model.retries_internally() {
@@ -956,12 +1000,42 @@ impl RunCtx {
         let mut attempt = 0;
         let mut stream = loop {
             attempt += 1;
-            let opened = token
-                .run_until_cancelled(self.inner.model.stream(request.clone(), token.clone()))
-                .await;
+            let open = token.run_until_cancelled(self.inner.model.stream_call(
+                request.clone(),
+                token.clone(),
+                call.clone(),
+            ));
+            tokio::pin!(open);
+            // The client's own retries become `model_retry` events as they happen.
+            let opened = loop {
+                tokio::select! {
+                    biased;
+                    Some(f) = failures.recv() => self.attempt_failed(turn, &f).await,
+                    r = &mut open => break r,
+                }
+            };
+            while let Ok(f) = failures.try_recv() {
+                self.attempt_failed(turn, &f).await;
+            }
+            {
+                let mut i = self
+                    .interrupted
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                i.attempts = i.attempts.max(attempt);
+            }
             match opened {
                 None => return Err(TurnError::Stopped),
-                Some(Ok(s)) => break s,
+                Some(Ok(s)) => {
+                    // The retries before it are history: a later failure of
+                    // this stream is not quoted as theirs.
+                    *self
+                        .interrupted
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner) =
+                        Interrupted::default();
+                    break s;
+                }
                 Some(Err(ModelError::Cancelled)) => return Err(TurnError::Stopped),
                 Some(Err(e)) if e.is_retryable() && attempt < max_attempts => {
                     let delay = match &e {
@@ -980,6 +1054,8 @@ impl RunCtx {
                             attempt,
                             error: e.to_string(),
                             delay_ms: delay.as_millis() as u64,
+                            status: None,
+                            message: None,
                         })
                         .await;
                     if token
@@ -1005,41 +1081,72 @@ impl RunCtx {
         let mut done = false;
         let mut budget_hit = false;
         let mut finish: Option<crate::FinishReason> = None;
-        loop {
-            let produced = output.len() + thinking_bytes;
-            if estimate_bytes_tokens(produced) >= out_budget && produced > 0 {
-                budget_hit = true;
-                break;
-            }
-            if produced > max_bytes {
-                cap_hit = true;
-                break;
-            }
-            let next = match token.run_until_cancelled(stream.next()).await {
-                None => return Err(TurnError::Stopped),
-                Some(n) => n,
-            };
-            match next {
-                None => break,
-                Some(Ok(ModelChunk::Text(t))) => {
-                    output.push_str(&t);
-                    parser.feed(&t, &mut parsed);
-                    self.dispatch(&mut parsed, &mut file, &mut done, &tx, None)
-                        .await?;
+        let mut ended = false;
+        let read = async {
+            loop {
+                let produced = output.len() + thinking_bytes;
+                if estimate_bytes_tokens(produced) >= out_budget && produced > 0 {
+                    budget_hit = true;
+                    break;
                 }
-                Some(Ok(ModelChunk::Thinking(t))) => {
-                    // Provider reasoning is output too: it counts against
-                    // the output-token cut and the per-turn byte bound.
-                    thinking_bytes += t.len();
-                    self.log
-                        .emit(EngineEvent::ThinkingDelta { content: t })
-                        .await;
+                if produced > max_bytes {
+                    cap_hit = true;
+                    break;
                 }
-                Some(Ok(ModelChunk::Usage(u))) => usage = Some(u),
-                Some(Ok(ModelChunk::Finish(f))) => finish = Some(f),
-                Some(Err(ModelError::Cancelled)) => return Err(TurnError::Stopped),
-                Some(Err(e)) => return Err(TurnError::Model(e)),
+                let next = match token.run_until_cancelled(stream.next()).await {
+                    None => return Err(TurnError::Stopped),
+                    Some(n) => n,
+                };
+                match next {
+                    None => {
+                        ended = true;
+                        break;
+                    }
+                    Some(Ok(ModelChunk::Text(t))) => {
+                        output.push_str(&t);
+                        parser.feed(&t, &mut parsed);
+                        self.dispatch(&mut parsed, &mut file, &mut done, &tx, None)
+                            .await?;
+                    }
+                    Some(Ok(ModelChunk::Thinking(t))) => {
+                        // Provider reasoning is output too: it counts against
+                        // the output-token cut and the per-turn byte bound.
+                        thinking_bytes += t.len();
+                        self.log
+                            .emit(EngineEvent::ThinkingDelta { content: t })
+                            .await;
+                    }
+                    Some(Ok(ModelChunk::Usage(u))) => usage = Some(u),
+                    Some(Ok(ModelChunk::Finish(f))) => finish = Some(f),
+                    Some(Err(ModelError::Cancelled)) => return Err(TurnError::Stopped),
+                    Some(Err(e)) => return Err(TurnError::Model(e)),
+                }
             }
+            Ok(())
+        }
+        .await;
+        if let Err(e) = read {
+            // The call reached the model: its input and the streamed output count.
+            let u = usage.unwrap_or(Usage {
+                input_tokens: est_input,
+                output_tokens: estimate_bytes_tokens(output.len() + thinking_bytes),
+                estimated: true,
+            });
+            self.interrupted
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .usage = Some(u);
+            return Err(e);
+        }
+        if ended {
+            self.log
+                .emit(EngineEvent::ModelFinished {
+                    turn,
+                    finish_reason: finish.as_ref().map(finish_reason_name),
+                    usage_reported: usage.is_some_and(|u| !u.estimated),
+                    open_scope: file.file.as_ref().map(|(path, _)| format!("file {path}")),
+                })
+                .await;
         }
         parser.finish(&mut parsed);
         // Why the stream ended, for a file it cut off.
@@ -1048,13 +1155,9 @@ impl RunCtx {
         } else if cap_hit {
             "turn_output_cap".to_string()
         } else {
-            match &finish {
-                Some(crate::FinishReason::Stop) => "stop".into(),
-                Some(crate::FinishReason::Length) => "length".into(),
-                Some(crate::FinishReason::ContentFilter) => "content_filter".into(),
-                Some(crate::FinishReason::Other(o)) => o.clone(),
-                None => "stream_ended".into(),
-            }
+            finish
+                .as_ref()
+                .map_or_else(|| "stream_ended".to_string(), finish_reason_name)
         };
         self.dispatch(&mut parsed, &mut file, &mut done, &tx, Some(&end))
             .await?;
@@ -1066,6 +1169,33 @@ impl RunCtx {
             budget_hit,
             cap_hit,
         })
+    }
+
+    /// One failed attempt the model client reported: a `model_retry` event
+    /// when it retries, and the facts the terminal reason quotes.
+    async fn attempt_failed(&self, turn: u32, f: &AttemptFailure) {
+        {
+            let mut i = self
+                .interrupted
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            i.attempts = i.attempts.max(f.attempt);
+            if f.message.is_some() {
+                i.provider_message = f.message.clone();
+            }
+        }
+        if let Some(delay) = f.retry_in {
+            self.log
+                .emit(EngineEvent::ModelRetry {
+                    turn,
+                    attempt: f.attempt,
+                    error: f.error.to_string(),
+                    delay_ms: delay.as_millis() as u64,
+                    status: f.status,
+                    message: f.message.clone(),
+                })
+                .await;
+        }
     }
 
     /// Turn parser events into run events and side-effect work.
@@ -1256,6 +1386,31 @@ impl OpenFile {
 /// The token estimate of `bytes` bytes of output (as [`estimate_tokens`]).
 fn estimate_bytes_tokens(bytes: usize) -> u64 {
     (bytes as u64).div_ceil(crate::pricing::BYTES_PER_TOKEN_ESTIMATE)
+}
+
+/// `error: model: <error>`, plus the attempt count when the call was tried
+/// more than once and the provider's own message when the error does not
+/// already quote it.
+fn model_failure_reason(e: &ModelError, call: &Interrupted) -> String {
+    let mut reason = format!("error: model: {e}");
+    if call.attempts > 1 {
+        reason.push_str(&format!(" after {} attempts", call.attempts));
+    }
+    if let Some(m) = &call.provider_message {
+        if !reason.contains(m.as_str()) {
+            reason.push_str(&format!(" (provider said: {m})"));
+        }
+    }
+    reason
+}
+
+fn finish_reason_name(f: &crate::FinishReason) -> String {
+    match f {
+        crate::FinishReason::Stop => "stop".into(),
+        crate::FinishReason::Length => "length".into(),
+        crate::FinishReason::ContentFilter => "content_filter".into(),
+        crate::FinishReason::Other(o) => o.clone(),
+    }
 }
 
 fn elapsed_ms(since: DateTime<Utc>) -> u64 {

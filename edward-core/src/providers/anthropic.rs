@@ -17,7 +17,7 @@ use super::http::{
     common_client_methods, provider_error_from_object,
 };
 use super::sse::SseEvent;
-use crate::{FinishReason, ModelClient, ModelError, ModelRequest, ModelStream, Role};
+use crate::{FinishReason, ModelCall, ModelClient, ModelError, ModelRequest, ModelStream, Role};
 
 /// The default base URL.
 pub const ANTHROPIC_DEFAULT_BASE_URL: &str = "https://api.anthropic.com";
@@ -137,15 +137,38 @@ impl ModelClient for AnthropicClient {
         request: ModelRequest,
         cancel: CancellationToken,
     ) -> Result<ModelStream, ModelError> {
+        self.stream_call(request, cancel, ModelCall::default())
+            .await
+    }
+
+    async fn stream_call(
+        &self,
+        request: ModelRequest,
+        cancel: CancellationToken,
+        call: ModelCall,
+    ) -> Result<ModelStream, ModelError> {
         let body = self.request_body(&request);
         let url = format!("{}/v1/messages", self.core.base_url);
         self.core
-            .stream(&url, &body, AnthropicParser, request, cancel)
+            .stream(
+                &url,
+                &body,
+                AnthropicParser::default(),
+                request,
+                cancel,
+                call,
+            )
             .await
     }
 }
 
-struct AnthropicParser;
+/// Tracks the content blocks that are open, so a message that "stops"
+/// inside one (a gateway closing a stream whose upstream died) is an
+/// interrupted stream, not a finished answer.
+#[derive(Default)]
+struct AnthropicParser {
+    open_blocks: std::collections::BTreeSet<u64>,
+}
 
 fn stop_reason(s: &str) -> FinishReason {
     match s {
@@ -157,16 +180,25 @@ fn stop_reason(s: &str) -> FinishReason {
 }
 
 /// Usage counters are cumulative; input includes cache writes and reads.
+/// Gateways send `input_tokens: 0` in `message_start` and the real count in
+/// `message_delta`: the largest non-zero count wins.
 fn read_usage(usage: &Value, acc: &mut StreamAcc) {
     if let Some(n) = usage.get("input_tokens").and_then(|n| n.as_u64()) {
         let cached = ["cache_creation_input_tokens", "cache_read_input_tokens"]
             .iter()
             .filter_map(|k| usage.get(*k).and_then(|n| n.as_u64()))
             .sum::<u64>();
-        acc.input_tokens = Some(n + cached);
+        acc.report_input(Some(n + cached));
     }
-    if let Some(n) = usage.get("output_tokens").and_then(|n| n.as_u64()) {
-        acc.output_tokens = Some(n);
+    acc.report_output(usage.get("output_tokens").and_then(|n| n.as_u64()));
+}
+
+/// One content block into `acc`.
+fn read_block(block: &Value, acc: &mut StreamAcc) {
+    match block.get("type").and_then(|t| t.as_str()) {
+        Some("text") => acc.text(block["text"].as_str().unwrap_or("")),
+        Some("thinking") => acc.thinking(block["thinking"].as_str().unwrap_or("")),
+        _ => {}
     }
 }
 
@@ -190,12 +222,13 @@ impl WireParser for AnthropicParser {
                 read_usage(&v["message"]["usage"], acc);
             }
             "content_block_start" => {
-                let block = &v["content_block"];
-                match block.get("type").and_then(|t| t.as_str()) {
-                    Some("text") => acc.text(block["text"].as_str().unwrap_or("")),
-                    Some("thinking") => acc.thinking(block["thinking"].as_str().unwrap_or("")),
-                    _ => {}
-                }
+                self.open_blocks
+                    .insert(v["index"].as_u64().unwrap_or(u64::MAX));
+                read_block(&v["content_block"], acc);
+            }
+            "content_block_stop" => {
+                self.open_blocks
+                    .remove(&v["index"].as_u64().unwrap_or(u64::MAX));
             }
             "content_block_delta" => {
                 let delta = &v["delta"];
@@ -213,13 +246,49 @@ impl WireParser for AnthropicParser {
                 }
                 read_usage(&v["usage"], acc);
             }
-            "message_stop" => acc.done = true,
+            "message_stop" => {
+                if let Some(index) = self.open_blocks.first() {
+                    return Err(ModelError::StreamInterrupted {
+                        message: format!(
+                            "anthropic stream ended (stop_reason {}) inside content block {index}, \
+                             which was never closed: the output is incomplete",
+                            acc.finish
+                                .as_ref()
+                                .map(|f| format!("{f:?}"))
+                                .unwrap_or_else(|| "none".into())
+                        ),
+                    });
+                }
+                acc.done = true
+            }
             "error" => {
                 return Err(core.classify_in_stream(provider_error_from_object(&v["error"])));
             }
-            // ping, content_block_stop and future event types.
+            // ping and future event types.
             _ => {}
         }
+        Ok(())
+    }
+
+    /// A complete `message` object: `content` blocks, `stop_reason`, `usage`.
+    fn on_complete(
+        &mut self,
+        core: &HttpCore,
+        v: &Value,
+        acc: &mut StreamAcc,
+    ) -> Result<(), ModelError> {
+        if v.get("type").and_then(|t| t.as_str()) == Some("error") {
+            return Err(core.classify_in_stream(provider_error_from_object(&v["error"])));
+        }
+        if let Some(blocks) = v.get("content").and_then(|c| c.as_array()) {
+            for block in blocks {
+                read_block(block, acc);
+            }
+        }
+        if let Some(r) = v.get("stop_reason").and_then(|r| r.as_str()) {
+            acc.finish = Some(stop_reason(r));
+        }
+        read_usage(&v["usage"], acc);
         Ok(())
     }
 }

@@ -26,7 +26,7 @@ use super::http::{
     common_client_methods, provider_error_from_object,
 };
 use super::sse::SseEvent;
-use crate::{FinishReason, ModelClient, ModelError, ModelRequest, ModelStream, Role};
+use crate::{FinishReason, ModelCall, ModelClient, ModelError, ModelRequest, ModelStream, Role};
 
 /// The default base URL.
 pub const GEMINI_DEFAULT_BASE_URL: &str = "https://generativelanguage.googleapis.com";
@@ -158,10 +158,20 @@ impl ModelClient for GeminiClient {
         request: ModelRequest,
         cancel: CancellationToken,
     ) -> Result<ModelStream, ModelError> {
+        self.stream_call(request, cancel, ModelCall::default())
+            .await
+    }
+
+    async fn stream_call(
+        &self,
+        request: ModelRequest,
+        cancel: CancellationToken,
+        call: ModelCall,
+    ) -> Result<ModelStream, ModelError> {
         let body = self.request_body(&request);
         let url = self.url(&request.model);
         self.core
-            .stream(&url, &body, GeminiParser, request, cancel)
+            .stream(&url, &body, GeminiParser, request, cancel, call)
             .await
     }
 }
@@ -186,54 +196,75 @@ impl WireParser for GeminiParser {
         event: &SseEvent,
         acc: &mut StreamAcc,
     ) -> Result<(), ModelError> {
-        let mut v: Value =
+        let v: Value =
             serde_json::from_str(&event.data).map_err(|_| core.malformed("event", &event.data))?;
-        if let Some(first) = v.as_array().and_then(|a| a.first()) {
-            v = first.clone();
+        match v.as_array() {
+            Some(items) => items
+                .iter()
+                .try_for_each(|item| read_response(core, item, acc)),
+            None => read_response(core, &v, acc),
         }
-        if let Some(err) = v.get("error").filter(|e| e.is_object()) {
-            return Err(core.classify_in_stream(provider_error_from_object(err)));
+    }
+
+    /// `generateContent`'s reply, or `streamGenerateContent` without
+    /// `alt=sse` (a JSON array of responses): the same objects as the stream.
+    fn on_complete(
+        &mut self,
+        core: &HttpCore,
+        v: &Value,
+        acc: &mut StreamAcc,
+    ) -> Result<(), ModelError> {
+        match v.as_array() {
+            Some(items) => items
+                .iter()
+                .try_for_each(|item| read_response(core, item, acc)),
+            None => read_response(core, v, acc),
         }
-        if let Some(reason) = v["promptFeedback"]
-            .get("blockReason")
-            .and_then(|r| r.as_str())
-        {
-            return Err(ModelError::ContentFiltered {
-                message: format!("prompt blocked: {reason}"),
-            });
-        }
-        if let Some(candidate) = v
-            .get("candidates")
-            .and_then(|c| c.as_array())
-            .and_then(|c| c.first())
-        {
-            if let Some(parts) = candidate["content"].get("parts").and_then(|p| p.as_array()) {
-                for part in parts {
-                    let Some(text) = part.get("text").and_then(|t| t.as_str()) else {
-                        continue;
-                    };
-                    if part.get("thought").and_then(|t| t.as_bool()) == Some(true) {
-                        acc.thinking(text);
-                    } else {
-                        acc.text(text);
-                    }
+    }
+}
+
+/// One `GenerateContentResponse`.
+fn read_response(core: &HttpCore, v: &Value, acc: &mut StreamAcc) -> Result<(), ModelError> {
+    if let Some(err) = v.get("error").filter(|e| e.is_object()) {
+        return Err(core.classify_in_stream(provider_error_from_object(err)));
+    }
+    if let Some(reason) = v["promptFeedback"]
+        .get("blockReason")
+        .and_then(|r| r.as_str())
+    {
+        return Err(ModelError::ContentFiltered {
+            message: format!("prompt blocked: {reason}"),
+        });
+    }
+    if let Some(candidate) = v
+        .get("candidates")
+        .and_then(|c| c.as_array())
+        .and_then(|c| c.first())
+    {
+        if let Some(parts) = candidate["content"].get("parts").and_then(|p| p.as_array()) {
+            for part in parts {
+                let Some(text) = part.get("text").and_then(|t| t.as_str()) else {
+                    continue;
+                };
+                if part.get("thought").and_then(|t| t.as_bool()) == Some(true) {
+                    acc.thinking(text);
+                } else {
+                    acc.text(text);
                 }
             }
-            if let Some(r) = candidate.get("finishReason").and_then(|r| r.as_str()) {
-                acc.finish = Some(finish_reason(r));
-            }
         }
-        if let Some(u) = v.get("usageMetadata").filter(|u| u.is_object()) {
-            if let Some(n) = u.get("promptTokenCount").and_then(|n| n.as_u64()) {
-                acc.input_tokens = Some(n);
-            }
-            let candidates = u.get("candidatesTokenCount").and_then(|n| n.as_u64());
-            let thoughts = u.get("thoughtsTokenCount").and_then(|n| n.as_u64());
-            if candidates.is_some() || thoughts.is_some() {
-                // Thought tokens are billed as output.
-                acc.output_tokens = Some(candidates.unwrap_or(0) + thoughts.unwrap_or(0));
-            }
+        if let Some(r) = candidate.get("finishReason").and_then(|r| r.as_str()) {
+            acc.finish = Some(finish_reason(r));
         }
-        Ok(())
     }
+    if let Some(u) = v.get("usageMetadata").filter(|u| u.is_object()) {
+        acc.report_input(u.get("promptTokenCount").and_then(|n| n.as_u64()));
+        let candidates = u.get("candidatesTokenCount").and_then(|n| n.as_u64());
+        let thoughts = u.get("thoughtsTokenCount").and_then(|n| n.as_u64());
+        if candidates.is_some() || thoughts.is_some() {
+            // Thought tokens are billed as output.
+            acc.report_output(Some(candidates.unwrap_or(0) + thoughts.unwrap_or(0)));
+        }
+    }
+    Ok(())
 }

@@ -17,10 +17,12 @@ use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::retry::{RetryPolicy, Verdict, parse_retry_after, with_retry};
+use super::retry::{
+    Failed, RetryPolicy, Verdict, parse_retry_after, report_model_attempt, with_retry,
+};
 use super::sse::{SseDecoder, SseEvent};
 use super::tokens;
-use crate::{FinishReason, ModelChunk, ModelError, ModelRequest, ModelStream, Usage};
+use crate::{FinishReason, ModelCall, ModelChunk, ModelError, ModelRequest, ModelStream, Usage};
 
 /// An API key. Its `Debug` and `Display` never show the value, and it is
 /// sent in a header marked sensitive.
@@ -361,9 +363,12 @@ impl HttpCore {
         }
     }
 
-    /// The body of every provider's `ModelClient::stream`: open `url` with
-    /// `body` (retrying per the policy) inside a `model_call` span, then
-    /// decode the response with `parser`.
+    /// The body of every provider's `ModelClient::stream_call`: open `url`
+    /// with `body` (retrying per the policy, bounded by `call.deadline`,
+    /// reporting every failed attempt to `call.observer`) inside a
+    /// `model_call` span, then decode the response with `parser`: an event
+    /// stream as it arrives, or a complete `application/json` reply (a
+    /// server that ignored `stream: true`) as one answer.
     pub(crate) async fn stream<P: WireParser>(
         &self,
         url: &str,
@@ -371,22 +376,129 @@ impl HttpCore {
         parser: P,
         request: ModelRequest,
         cancel: CancellationToken,
+        call: ModelCall,
     ) -> Result<ModelStream, ModelError> {
         let span =
             tracing::info_span!("model_call", provider = self.provider, model = %request.model);
-        let (first, rest) = self
-            .open(url, body, &request.model, &cancel)
+        let opened = self
+            .open(url, body, &request.model, &cancel, &call)
             .instrument(span.clone())
             .await?;
-        Ok(drive(
-            self.clone(),
+        let mut parser = parser;
+        let mut acc = StreamAcc::default();
+        let mut pending_err = None;
+        let kind = sniff(opened.kind, &opened.first);
+        let (first, rest) = match kind {
+            BodyKind::EventStream => (opened.first, opened.rest),
+            BodyKind::Json => {
+                let text = self
+                    .read_rest(opened.first, opened.rest, &cancel)
+                    .instrument(span.clone())
+                    .await?;
+                let parsed = serde_json::from_str::<serde_json::Value>(&text)
+                    .map_err(|_| self.unexpected_body(&opened.content_type, &text))
+                    .and_then(|v| parser.on_complete(self, &v, &mut acc));
+                match parsed {
+                    Ok(()) if acc.finish.is_some() || !acc.output_text.is_empty() => {
+                        acc.done = true
+                    }
+                    Ok(()) => pending_err = Some(self.unexpected_body(&opened.content_type, &text)),
+                    Err(e) => pending_err = Some(e),
+                }
+                (Bytes::new(), futures::stream::empty().boxed())
+            }
+            BodyKind::Other => {
+                let text = self
+                    .read_rest(opened.first, opened.rest, &cancel)
+                    .instrument(span.clone())
+                    .await?;
+                return Err(self.unexpected_body(&opened.content_type, &text));
+            }
+        };
+        let mut driver = Driver {
+            core: self.clone(),
             parser,
-            first,
-            rest,
-            request,
+            acc,
+            decoder: SseDecoder::new(),
+            first: Some(first),
+            body: rest,
             cancel,
+            request,
+            pending_err,
+            final_err: None,
+            finished: false,
             span,
-        ))
+        };
+        if driver.pending_err.is_some() {
+            // Nothing usable came back: fail the call itself.
+            return Err(driver.pending_err.take().unwrap_or(ModelError::Cancelled));
+        }
+        Ok(futures::stream::unfold(driver, |mut d| async move {
+            let span = d.span.clone();
+            let item = d.next_item().instrument(span).await?;
+            Some((item, d))
+        })
+        .boxed())
+    }
+
+    /// Read the rest of a body that is not an event stream (capped at 16 MiB,
+    /// idle timeout and cancel raced against every read).
+    async fn read_rest(
+        &self,
+        first: Bytes,
+        mut rest: BoxStream<'static, reqwest::Result<Bytes>>,
+        cancel: &CancellationToken,
+    ) -> Result<String, ModelError> {
+        const CAP: usize = 16 << 20;
+        let mut buf = first.to_vec();
+        loop {
+            let read = tokio::select! {
+                biased;
+                _ = cancel.cancelled() => return Err(ModelError::Cancelled),
+                r = tokio::time::timeout(self.timeouts.idle, rest.next()) => r,
+            };
+            match read {
+                Err(_) => {
+                    return Err(ModelError::Timeout {
+                        phase: "idle",
+                        after: self.timeouts.idle,
+                    });
+                }
+                Ok(None) => break,
+                Ok(Some(Ok(b))) => {
+                    buf.extend_from_slice(&b);
+                    if buf.len() > CAP {
+                        return Err(ModelError::Transport {
+                            message: format!(
+                                "{} reply is larger than {} MiB",
+                                self.provider,
+                                CAP >> 20
+                            ),
+                        });
+                    }
+                }
+                Ok(Some(Err(e))) => return Err(self.map_reqwest(e)),
+            }
+        }
+        Ok(String::from_utf8_lossy(&buf).into_owned())
+    }
+
+    /// A 2xx reply that is neither an event stream nor a usable JSON answer.
+    fn unexpected_body(&self, content_type: &str, text: &str) -> ModelError {
+        let ct = if content_type.is_empty() {
+            "no content type"
+        } else {
+            content_type
+        };
+        ModelError::Transport {
+            message: format!(
+                "{} answered a streaming request with {ct}, which is neither an event stream \
+                 nor a complete {} reply: {}",
+                self.provider,
+                self.provider,
+                self.scrub(&truncate(text.trim(), 200))
+            ),
+        }
     }
 
     /// POST `body` to `url` and wait for the first body byte, retrying
@@ -397,23 +509,32 @@ impl HttpCore {
         body: &serde_json::Value,
         model: &str,
         cancel: &CancellationToken,
-    ) -> Result<(Bytes, BoxStream<'static, reqwest::Result<Bytes>>), ModelError> {
+        call: &ModelCall,
+    ) -> Result<Opened, ModelError> {
         with_retry(
             &self.retry,
             cancel,
+            call.deadline,
             || ModelError::Cancelled,
             |e: &ModelError| match e {
                 ModelError::RateLimited { retry_after } => Verdict::Retry {
                     after: *retry_after,
+                    rate_limited: true,
                 },
-                ModelError::Overloaded { retry_after, .. } => Verdict::Retry {
+                ModelError::Overloaded {
+                    retry_after,
+                    status,
+                } => Verdict::Retry {
                     after: *retry_after,
+                    rate_limited: *status == 529,
                 },
-                ModelError::Transport { .. } | ModelError::Timeout { .. } => {
-                    Verdict::Retry { after: None }
-                }
+                ModelError::Transport { .. } | ModelError::Timeout { .. } => Verdict::Retry {
+                    after: None,
+                    rate_limited: false,
+                },
                 _ => Verdict::Fatal,
             },
+            |attempt, failed, delay| report_model_attempt(call, attempt, failed, delay),
             |attempt| self.attempt(url, body, model, attempt),
         )
         .await
@@ -425,7 +546,7 @@ impl HttpCore {
         body: &serde_json::Value,
         model: &str,
         attempt: u32,
-    ) -> Result<(Bytes, BoxStream<'static, reqwest::Result<Bytes>>), ModelError> {
+    ) -> Result<Opened, Failed<ModelError>> {
         tracing::debug!(provider = self.provider, attempt, "model request");
         let first_byte = self.timeouts.first_byte;
         let fut = async {
@@ -436,27 +557,45 @@ impl HttpCore {
                 .json(body)
                 .send()
                 .await
-                .map_err(|e| self.map_reqwest(e))?;
+                .map_err(|e| Failed::from(self.map_reqwest(e)))?;
             let status = response.status();
             if !status.is_success() {
                 let retry_after = parse_retry_after(response.headers());
                 let text = read_capped(response, 64 * 1024).await;
                 let err = parse_error_body(&text);
-                return Err(self.classify(status.as_u16(), retry_after, err, model));
+                let message = Some(self.scrub(&err.message)).filter(|m| !m.is_empty());
+                return Err(Failed {
+                    error: self.classify(status.as_u16(), retry_after, err, model),
+                    status: Some(status.as_u16()),
+                    message,
+                });
             }
+            let content_type = response
+                .headers()
+                .get(reqwest::header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .to_ascii_lowercase();
+            let kind = body_kind(&content_type);
             let mut stream = response.bytes_stream().boxed();
-            match stream.next().await {
-                None => Ok((Bytes::new(), stream)),
-                Some(Ok(b)) => Ok((b, stream)),
-                Some(Err(e)) => Err(self.map_reqwest(e)),
-            }
+            let first = match stream.next().await {
+                None => Bytes::new(),
+                Some(Ok(b)) => b,
+                Some(Err(e)) => return Err(Failed::from(self.map_reqwest(e))),
+            };
+            Ok(Opened {
+                first,
+                rest: stream,
+                kind,
+                content_type,
+            })
         };
         match tokio::time::timeout(first_byte, fut).await {
             Ok(r) => r,
-            Err(_) => Err(ModelError::Timeout {
+            Err(_) => Err(Failed::from(ModelError::Timeout {
                 phase: "first_byte",
                 after: first_byte,
-            }),
+            })),
         }
     }
 
@@ -556,6 +695,50 @@ impl HttpCore {
             ),
         }
     }
+}
+
+/// What kind of body a 2xx reply carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BodyKind {
+    /// `text/event-stream`, or no content type (many local servers send none).
+    EventStream,
+    /// `application/json` (or `+json`): a complete, non-streaming answer.
+    Json,
+    /// Anything else (an HTML error page from a proxy, plain text …).
+    Other,
+}
+
+fn body_kind(content_type: &str) -> BodyKind {
+    let mime = content_type.split(';').next().unwrap_or("").trim();
+    if mime.is_empty() || mime == "text/event-stream" {
+        BodyKind::EventStream
+    } else if mime == "application/json" || mime.ends_with("+json") {
+        BodyKind::Json
+    } else {
+        BodyKind::Other
+    }
+}
+
+/// Correct the declared kind by the first bytes: SSE sent as `text/plain`
+/// or JSON sent with another type is still read for what it is.
+fn sniff(kind: BodyKind, first: &[u8]) -> BodyKind {
+    let head = String::from_utf8_lossy(&first[..first.len().min(64)]);
+    let head = head.trim_start_matches('\u{feff}').trim_start();
+    if head.starts_with("data:") || head.starts_with("event:") || head.starts_with(':') {
+        BodyKind::EventStream
+    } else if kind == BodyKind::Other && (head.starts_with('{') || head.starts_with('[')) {
+        BodyKind::Json
+    } else {
+        kind
+    }
+}
+
+/// An opened reply: its first body bytes and the rest.
+pub(crate) struct Opened {
+    first: Bytes,
+    rest: BoxStream<'static, reqwest::Result<Bytes>>,
+    kind: BodyKind,
+    content_type: String,
 }
 
 /// Read at most `cap` bytes of an error body (best effort).
@@ -668,9 +851,9 @@ pub(crate) fn is_context_too_long(message: &str, kinds: &[String]) -> bool {
 pub(crate) struct StreamAcc {
     out: VecDeque<ModelChunk>,
     output_text: String,
-    /// Input tokens the provider reported.
+    /// Input tokens the provider reported (see [`StreamAcc::report_input`]).
     pub input_tokens: Option<u64>,
-    /// Output tokens the provider reported.
+    /// Output tokens the provider reported (see [`StreamAcc::report_output`]).
     pub output_tokens: Option<u64>,
     /// The finish reason, once seen.
     pub finish: Option<FinishReason>,
@@ -683,6 +866,22 @@ impl StreamAcc {
         if !s.is_empty() {
             self.output_text.push_str(s);
             self.out.push_back(ModelChunk::Text(s.to_owned()));
+        }
+    }
+
+    /// A reported input count. Counters are cumulative and gateways report
+    /// `0` early and the real count later, so the largest wins and `0` is
+    /// never taken as a real count (no request has zero input tokens).
+    pub(crate) fn report_input(&mut self, n: Option<u64>) {
+        if let Some(n) = n.filter(|n| *n > 0) {
+            self.input_tokens = Some(self.input_tokens.unwrap_or(0).max(n));
+        }
+    }
+
+    /// A reported (cumulative) output count: the largest wins.
+    pub(crate) fn report_output(&mut self, n: Option<u64>) {
+        if let Some(n) = n {
+            self.output_tokens = Some(self.output_tokens.unwrap_or(0).max(n));
         }
     }
 
@@ -703,6 +902,15 @@ pub(crate) trait WireParser: Send + 'static {
         event: &SseEvent,
         acc: &mut StreamAcc,
     ) -> Result<(), ModelError>;
+
+    /// Handle a complete non-streaming JSON reply (the server ignored
+    /// `stream: true`): fill `acc` as the whole stream would have.
+    fn on_complete(
+        &mut self,
+        core: &HttpCore,
+        reply: &serde_json::Value,
+        acc: &mut StreamAcc,
+    ) -> Result<(), ModelError>;
 }
 
 struct Driver<P> {
@@ -715,44 +923,18 @@ struct Driver<P> {
     cancel: CancellationToken,
     request: ModelRequest,
     pending_err: Option<ModelError>,
+    /// The error to yield after the partial usage.
+    final_err: Option<ModelError>,
     finished: bool,
     span: tracing::Span,
 }
 
-/// Turn an opened response into a [`ModelStream`]: text and thinking as
+/// Turns an opened event stream into [`ModelChunk`]s: text and thinking as
 /// they arrive, then exactly one `Usage` (the provider's, or an estimate
 /// marked `estimated`) and one `Finish`. Cancel and the idle timeout are
-/// raced against every read.
-pub(crate) fn drive<P: WireParser>(
-    core: HttpCore,
-    parser: P,
-    first: Bytes,
-    body: BoxStream<'static, reqwest::Result<Bytes>>,
-    request: ModelRequest,
-    cancel: CancellationToken,
-    span: tracing::Span,
-) -> ModelStream {
-    let driver = Driver {
-        core,
-        parser,
-        acc: StreamAcc::default(),
-        decoder: SseDecoder::new(),
-        first: Some(first),
-        body,
-        cancel,
-        request,
-        pending_err: None,
-        finished: false,
-        span,
-    };
-    futures::stream::unfold(driver, |mut d| async move {
-        let span = d.span.clone();
-        let item = d.next_item().instrument(span).await?;
-        Some((item, d))
-    })
-    .boxed()
-}
-
+/// raced against every read. A stream that fails after output started
+/// yields one `Usage` for what was streamed (see [`Driver::partial_usage`])
+/// before its error.
 impl<P: WireParser> Driver<P> {
     async fn next_item(&mut self) -> Option<Result<ModelChunk, ModelError>> {
         loop {
@@ -760,12 +942,19 @@ impl<P: WireParser> Driver<P> {
                 return Some(Ok(c));
             }
             if self.finished {
-                return None;
+                return self.final_err.take().map(Err);
             }
             if let Some(e) = self.pending_err.take() {
                 tracing::warn!(error = %e, "model stream failed");
                 self.finished = true;
-                return Some(Err(e));
+                if matches!(e, ModelError::Cancelled) {
+                    return Some(Err(e));
+                }
+                // What was streamed counts: usage first, then the error.
+                let usage = self.partial_usage();
+                self.acc.out.push_back(ModelChunk::Usage(usage));
+                self.final_err = Some(e);
+                continue;
             }
             if self.acc.done {
                 self.finalize();
@@ -785,11 +974,11 @@ impl<P: WireParser> Driver<P> {
                     };
                     match read {
                         Err(_) => {
-                            self.finished = true;
-                            return Some(Err(ModelError::Timeout {
+                            self.pending_err = Some(ModelError::Timeout {
                                 phase: "idle",
                                 after: idle,
-                            }));
+                            });
+                            continue;
                         }
                         Ok(Some(Ok(b))) => b,
                         Ok(Some(Err(e))) => {
@@ -850,10 +1039,12 @@ impl<P: WireParser> Driver<P> {
         }
     }
 
-    fn finalize(&mut self) {
+    /// Usage of a stream that ended normally: the provider's counts, each
+    /// one estimated when it sent none (`estimated: true` then).
+    fn final_usage(&self) -> Usage {
         let model = &self.request.model;
         let estimated = self.acc.input_tokens.is_none() || self.acc.output_tokens.is_none();
-        let usage = Usage {
+        Usage {
             input_tokens: self
                 .acc
                 .input_tokens
@@ -863,7 +1054,28 @@ impl<P: WireParser> Driver<P> {
                 .output_tokens
                 .unwrap_or_else(|| tokens::estimate_text_tokens(model, &self.acc.output_text)),
             estimated,
-        };
+        }
+    }
+
+    /// Usage of a stream that broke: the request's input (reported or
+    /// estimated) and the output streamed so far — the provider's count
+    /// when it is at least the estimate of the streamed text (counters seen
+    /// mid-stream lag behind), else that estimate.
+    fn partial_usage(&self) -> Usage {
+        let streamed = tokens::estimate_text_tokens(&self.request.model, &self.acc.output_text);
+        let mut usage = self.final_usage();
+        match self.acc.output_tokens {
+            Some(n) if n >= streamed => {}
+            _ => {
+                usage.output_tokens = streamed;
+                usage.estimated = true;
+            }
+        }
+        usage
+    }
+
+    fn finalize(&mut self) {
+        let usage = self.final_usage();
         let finish = self
             .acc
             .finish

@@ -7,9 +7,15 @@
 //!
 //! - one SSE decoder ([`sse`]),
 //! - one failure policy ([`RetryPolicy`]): retries only before the first
-//!   byte of output, exponential backoff with full jitter, `Retry-After`
-//!   honoured, every sleep raced against the cancel token; after the first
-//!   byte a broken stream is [`crate::ModelError::StreamInterrupted`],
+//!   byte of output, within a window (60 s for 429/529, 15 s otherwise) and
+//!   the caller's deadline, exponential backoff with equal jitter,
+//!   `Retry-After` honoured, every failed attempt reported to the caller's
+//!   [`crate::ModelObserver`], every sleep raced against the cancel token;
+//!   after the first byte a broken stream is
+//!   [`crate::ModelError::StreamInterrupted`], preceded by the usage of what
+//!   was streamed,
+//! - a complete `application/json` reply to a streaming request read as one
+//!   answer,
 //! - three timeouts ([`Timeouts`]): connect, first byte, idle between chunks,
 //! - one stream shape: `Text`/`Thinking` chunks as they arrive, then exactly
 //!   one `Usage` (the provider's own counts, or an estimate marked

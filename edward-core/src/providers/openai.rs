@@ -18,7 +18,7 @@ use super::http::{
     common_builder_methods, common_client_methods, provider_error_from_object,
 };
 use super::sse::SseEvent;
-use crate::{FinishReason, ModelClient, ModelError, ModelRequest, ModelStream, Role};
+use crate::{FinishReason, ModelCall, ModelClient, ModelError, ModelRequest, ModelStream, Role};
 
 /// The default base URL.
 pub const OPENAI_DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";
@@ -165,10 +165,20 @@ impl ModelClient for OpenAiClient {
         request: ModelRequest,
         cancel: CancellationToken,
     ) -> Result<ModelStream, ModelError> {
+        self.stream_call(request, cancel, ModelCall::default())
+            .await
+    }
+
+    async fn stream_call(
+        &self,
+        request: ModelRequest,
+        cancel: CancellationToken,
+        call: ModelCall,
+    ) -> Result<ModelStream, ModelError> {
         let body = self.request_body(&request);
         let url = format!("{}/chat/completions", self.core.base_url);
         self.core
-            .stream(&url, &body, OpenAiParser, request, cancel)
+            .stream(&url, &body, OpenAiParser, request, cancel, call)
             .await
     }
 }
@@ -223,10 +233,53 @@ impl WireParser for OpenAiParser {
                 acc.finish = Some(finish_reason(r));
             }
         }
-        if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
-            acc.input_tokens = u.get("prompt_tokens").and_then(|n| n.as_u64());
-            acc.output_tokens = u.get("completion_tokens").and_then(|n| n.as_u64());
-        }
+        read_usage(&v, acc);
         Ok(())
+    }
+
+    /// A `chat.completion` object: `choices[0].message` (content,
+    /// reasoning, refusal), `finish_reason`, `usage`.
+    fn on_complete(
+        &mut self,
+        core: &HttpCore,
+        v: &Value,
+        acc: &mut StreamAcc,
+    ) -> Result<(), ModelError> {
+        if let Some(err) = v.get("error").filter(|e| !e.is_null()) {
+            return Err(core.classify_in_stream(provider_error_from_object(err)));
+        }
+        let Some(choice) = v
+            .get("choices")
+            .and_then(|c| c.as_array())
+            .and_then(|c| c.first())
+        else {
+            return Ok(());
+        };
+        let message = choice.get("message").unwrap_or(&Value::Null);
+        for field in ["reasoning_content", "reasoning"] {
+            if let Some(t) = message.get(field).and_then(|t| t.as_str()) {
+                acc.thinking(t);
+            }
+        }
+        for field in ["content", "refusal"] {
+            if let Some(t) = message.get(field).and_then(|t| t.as_str()) {
+                acc.text(t);
+            }
+        }
+        if let Some(r) = choice.get("finish_reason").and_then(|r| r.as_str()) {
+            acc.finish = Some(finish_reason(r));
+        }
+        read_usage(v, acc);
+        Ok(())
+    }
+}
+
+/// `usage` of a chunk or a whole reply. Gateways put it on a chunk that
+/// still has choices, repeat it, or send `prompt_tokens: 0` first: the
+/// largest non-zero count wins.
+fn read_usage(v: &Value, acc: &mut StreamAcc) {
+    if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
+        acc.report_input(u.get("prompt_tokens").and_then(|n| n.as_u64()));
+        acc.report_output(u.get("completion_tokens").and_then(|n| n.as_u64()));
     }
 }

@@ -1,39 +1,66 @@
 //! The one retry policy shared by every provider and the web search.
 //!
 //! A call is retried only **before the first byte of output**: on 408, 409,
-//! 429, 5xx, 529, connection errors and connect/first-byte timeouts. Delays
-//! grow exponentially with full jitter (`uniform(0, min(max_delay, base ·
-//! 2^(attempt-1)))`); a server's `Retry-After` / `retry-after-ms` replaces the
-//! jittered delay when it is at most [`RetryPolicy::max_retry_after`] (a
-//! longer one ends the retries: waiting minutes inside a turn helps no one).
-//! Every sleep is raced against the cancel token.
+//! 429, 5xx, 529, connection errors and connect/first-byte timeouts. The
+//! policy is a **deadline**, not just a count: rate limits (429, 529) are
+//! retried for up to [`RetryPolicy::rate_limit_window`] (60 s by default),
+//! other retryable failures for up to [`RetryPolicy::error_window`] (15 s),
+//! both counted from the first attempt, within [`RetryPolicy::max_attempts`],
+//! and never past the caller's deadline ([`crate::ModelCall::deadline`], the
+//! run's deadline budget). Delays grow exponentially with equal jitter
+//! (`cap/2 + uniform(0, cap/2)`, `cap = min(max_delay, base · 2^(attempt-1))`,
+//! so every wait makes progress); a server's `Retry-After` /
+//! `retry-after-ms` replaces the jittered delay when it is at most
+//! [`RetryPolicy::max_retry_after`] and fits the window. Every failed attempt
+//! is reported to the call's observer; every sleep is raced against the
+//! cancel token.
 
 use std::future::Future;
 use std::time::Duration;
 
 use rand::Rng;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::{AttemptFailure, ModelCall, ModelError};
+
 /// How often and how patiently to retry.
+///
+/// ```
+/// use std::time::Duration;
+/// use edward_core::providers::RetryPolicy;
+/// // Wait up to two minutes for rate limits behind a busy gateway.
+/// let p = RetryPolicy { rate_limit_window: Duration::from_secs(120), ..RetryPolicy::default() };
+/// assert_eq!(p.max_attempts, 10);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RetryPolicy {
-    /// Total attempts including the first (default 4; 1 = no retry).
+    /// Total attempts including the first (default 10; 1 = no retry).
     pub max_attempts: u32,
     /// Backoff base (default 500 ms).
     pub base_delay: Duration,
-    /// Backoff cap (default 20 s).
+    /// Backoff cap of one wait (default 20 s).
     pub max_delay: Duration,
-    /// The longest server-requested `Retry-After` that is honoured (default 60 s).
+    /// The longest server-requested `Retry-After` that is honoured (default
+    /// 60 s); a longer one ends the retries.
     pub max_retry_after: Duration,
+    /// How long after the first attempt 429 and 529 are still retried
+    /// (default 60 s).
+    pub rate_limit_window: Duration,
+    /// How long after the first attempt other retryable failures (5xx,
+    /// 408, 409, connection errors, timeouts) are still retried (default 15 s).
+    pub error_window: Duration,
 }
 
 impl Default for RetryPolicy {
     fn default() -> Self {
         RetryPolicy {
-            max_attempts: 4,
+            max_attempts: 10,
             base_delay: Duration::from_millis(500),
             max_delay: Duration::from_secs(20),
             max_retry_after: Duration::from_secs(60),
+            rate_limit_window: Duration::from_secs(60),
+            error_window: Duration::from_secs(15),
         }
     }
 }
@@ -48,7 +75,8 @@ impl RetryPolicy {
     }
 
     /// The delay before attempt `attempt + 1`, given the attempt (1-based)
-    /// that just failed and the server's `Retry-After`. `None` = give up.
+    /// that just failed and the server's `Retry-After`, ignoring windows.
+    /// `None` = give up.
     pub fn delay(&self, attempt: u32, retry_after: Option<Duration>) -> Option<Duration> {
         if attempt >= self.max_attempts {
             return None;
@@ -62,12 +90,18 @@ impl RetryPolicy {
             .saturating_mul(1u32 << exp)
             .min(self.max_delay);
         let cap_ms = cap.as_millis() as u64;
-        let jittered = if cap_ms == 0 {
-            0
-        } else {
-            rand::rng().random_range(0..=cap_ms)
-        };
+        let half = cap_ms / 2;
+        let jittered = half + rand::rng().random_range(0..=cap_ms - half);
         Some(Duration::from_millis(jittered))
+    }
+
+    /// The retry window of a failure class.
+    pub(crate) fn window(&self, rate_limited: bool) -> Duration {
+        if rate_limited {
+            self.rate_limit_window
+        } else {
+            self.error_window
+        }
     }
 }
 
@@ -80,24 +114,50 @@ pub(crate) enum Verdict {
     Retry {
         /// `Retry-After`, if any.
         after: Option<Duration>,
+        /// A rate limit (429/529): the longer window applies.
+        rate_limited: bool,
     },
 }
 
+/// A failed attempt as the retry loop sees it: the error plus what the
+/// provider said, for the observer.
+#[derive(Debug)]
+pub(crate) struct Failed<E> {
+    pub error: E,
+    pub status: Option<u16>,
+    pub message: Option<String>,
+}
+
+impl<E> From<E> for Failed<E> {
+    fn from(error: E) -> Self {
+        Failed {
+            error,
+            status: None,
+            message: None,
+        }
+    }
+}
+
 /// Run `op(attempt)` until it succeeds, fails fatally, runs out of attempts
-/// or `cancel` fires (then `cancelled()` is returned). Cancel is raced
-/// against every attempt and every sleep.
+/// or of its retry window, or `cancel` fires (then `cancelled()` is
+/// returned). Cancel is raced against every attempt and every sleep. Every
+/// failed attempt is reported through `report` with the delay before the
+/// next one (`None` for the last).
 pub(crate) async fn with_retry<T, E, F, Fut>(
     policy: &RetryPolicy,
     cancel: &CancellationToken,
+    deadline: Option<Instant>,
     cancelled: impl Fn() -> E,
     classify: impl Fn(&E) -> Verdict,
+    report: impl Fn(u32, &Failed<E>, Option<Duration>),
     mut op: F,
 ) -> Result<T, E>
 where
     F: FnMut(u32) -> Fut,
-    Fut: Future<Output = Result<T, E>>,
+    Fut: Future<Output = Result<T, Failed<E>>>,
     E: std::fmt::Display,
 {
+    let started = Instant::now();
     let mut attempt = 1u32;
     loop {
         let result = tokio::select! {
@@ -105,17 +165,26 @@ where
             _ = cancel.cancelled() => return Err(cancelled()),
             r = op(attempt) => r,
         };
-        let err = match result {
+        let failed = match result {
             Ok(v) => return Ok(v),
             Err(e) => e,
         };
-        let Verdict::Retry { after } = classify(&err) else {
-            return Err(err);
+        let delay = match classify(&failed.error) {
+            Verdict::Fatal => None,
+            Verdict::Retry {
+                after,
+                rate_limited,
+            } => policy.delay(attempt, after).filter(|d| {
+                let resume = Instant::now() + *d;
+                resume <= started + policy.window(rate_limited)
+                    && deadline.is_none_or(|end| resume < end)
+            }),
         };
-        let Some(delay) = policy.delay(attempt, after) else {
-            return Err(err);
+        report(attempt, &failed, delay);
+        let Some(delay) = delay else {
+            return Err(failed.error);
         };
-        tracing::warn!(attempt, delay_ms = delay.as_millis() as u64, error = %err, "retrying");
+        tracing::warn!(attempt, delay_ms = delay.as_millis() as u64, error = %failed.error, "retrying");
         tokio::select! {
             biased;
             _ = cancel.cancelled() => return Err(cancelled()),
@@ -123,6 +192,25 @@ where
         }
         attempt += 1;
     }
+}
+
+/// Report one failed model attempt to `call`'s observer.
+pub(crate) fn report_model_attempt(
+    call: &ModelCall,
+    attempt: u32,
+    failed: &Failed<ModelError>,
+    retry_in: Option<Duration>,
+) {
+    if matches!(failed.error, ModelError::Cancelled) {
+        return;
+    }
+    call.report(&AttemptFailure {
+        attempt,
+        status: failed.status,
+        message: failed.message.clone(),
+        error: failed.error.clone(),
+        retry_in,
+    });
 }
 
 /// Parse `retry-after-ms` (milliseconds, may be fractional) or `Retry-After`
@@ -207,12 +295,14 @@ mod tests {
             base_delay: Duration::from_millis(100),
             max_delay: Duration::from_millis(250),
             max_retry_after: Duration::from_secs(5),
+            ..RetryPolicy::default()
         };
         for attempt in 1..4 {
             for _ in 0..50 {
                 let d = p.delay(attempt, None).unwrap();
                 let cap = (100u64 << (attempt - 1)).min(250);
                 assert!(d <= Duration::from_millis(cap), "{d:?} > {cap}");
+                assert!(d >= Duration::from_millis(cap / 2), "{d:?} < {cap}/2");
             }
         }
         assert_eq!(p.delay(4, None), None);
@@ -221,5 +311,62 @@ mod tests {
             Some(Duration::from_secs(2))
         );
         assert_eq!(p.delay(1, Some(Duration::from_secs(6))), None);
+    }
+
+    /// The defaults keep retrying a 429 without `Retry-After` well past the
+    /// few seconds an upstream typically asks for (the shortest possible
+    /// sum of waits within `max_attempts` exceeds 30 s), yet within the window.
+    #[test]
+    fn defaults_retry_rate_limits_for_tens_of_seconds() {
+        let p = RetryPolicy::default();
+        let min_total: Duration = (1..p.max_attempts)
+            .map(|a| {
+                let cap = p.base_delay.saturating_mul(1 << (a - 1)).min(p.max_delay);
+                cap / 2
+            })
+            .sum();
+        assert!(min_total >= Duration::from_secs(30), "{min_total:?}");
+        assert_eq!(p.rate_limit_window, Duration::from_secs(60));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn windows_and_deadline_end_the_retries() {
+        use std::sync::Mutex;
+        let p = RetryPolicy {
+            max_attempts: 100,
+            base_delay: Duration::from_millis(100),
+            max_delay: Duration::from_millis(100),
+            rate_limit_window: Duration::from_secs(1),
+            error_window: Duration::from_millis(300),
+            ..RetryPolicy::default()
+        };
+        let cancel = CancellationToken::new();
+        for (rate_limited, deadline, most) in [
+            (true, None, 22),
+            (false, None, 7),
+            (true, Some(Duration::from_millis(400)), 9),
+        ] {
+            let deadline = deadline.map(|d| Instant::now() + d);
+            let reports = Mutex::new(Vec::new());
+            let r: Result<(), String> = with_retry(
+                &p,
+                &cancel,
+                deadline,
+                || "cancelled".to_string(),
+                |_| Verdict::Retry {
+                    after: None,
+                    rate_limited,
+                },
+                |a, _, d| reports.lock().unwrap().push((a, d)),
+                |_| async { Err(Failed::from("busy".to_string())) },
+            )
+            .await;
+            assert_eq!(r, Err("busy".into()));
+            let reports = reports.into_inner().unwrap();
+            let n = reports.len();
+            assert!(n >= 2 && n <= most, "{rate_limited} {deadline:?}: {n}");
+            assert!(reports[..n - 1].iter().all(|(_, d)| d.is_some()));
+            assert_eq!(reports[n - 1].1, None, "the last report says no retry");
+        }
     }
 }

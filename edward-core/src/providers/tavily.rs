@@ -16,7 +16,7 @@ use tracing::Instrument;
 
 use super::ApiKey;
 use super::http::{ProviderConfigError, parse_error_body, truncate};
-use super::retry::{RetryPolicy, Verdict, parse_retry_after, with_retry};
+use super::retry::{Failed, RetryPolicy, Verdict, parse_retry_after, with_retry};
 use crate::{InfraError, SearchResult, WebSearch};
 
 /// The default base URL.
@@ -251,6 +251,7 @@ impl WebSearch for TavilySearch {
         let mut results = with_retry(
             &self.retry,
             &cancel,
+            None,
             || AttemptError {
                 error: InfraError::Cancelled,
                 retry_after: None,
@@ -259,12 +260,14 @@ impl WebSearch for TavilySearch {
                 if e.error.is_retryable() {
                     Verdict::Retry {
                         after: e.retry_after,
+                        rate_limited: false,
                     }
                 } else {
                     Verdict::Fatal
                 }
             },
-            |_| self.attempt(&body),
+            |_, _, _| {},
+            |_| async { self.attempt(&body).await.map_err(Failed::from) },
         )
         .instrument(span)
         .await

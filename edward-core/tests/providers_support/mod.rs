@@ -16,7 +16,8 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use edward_core::providers::{RetryPolicy, Timeouts};
 use edward_core::{
-    FinishReason, Message, ModelChunk, ModelClient, ModelError, ModelRequest, Role, Usage,
+    AttemptFailure, FinishReason, Message, ModelCall, ModelChunk, ModelClient, ModelError,
+    ModelObserver, ModelRequest, Role, Usage,
 };
 use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
@@ -71,6 +72,16 @@ impl Reply {
         r
     }
 
+    /// 200 `application/json`: a complete, non-streaming reply.
+    pub fn json(body: impl Into<Bytes>) -> Self {
+        Reply {
+            status: 200,
+            headers: vec![("content-type".into(), "application/json".into())],
+            delay_headers: None,
+            body: vec![Piece::Bytes(body.into())],
+        }
+    }
+
     /// An error status with a JSON body.
     pub fn error(status: u16, body: impl Into<Bytes>) -> Self {
         Reply {
@@ -108,6 +119,14 @@ pub struct Recorded {
 struct Shared {
     replies: Mutex<VecDeque<Reply>>,
     requests: Mutex<Vec<Recorded>>,
+    /// Answer with this reply until `window` after the first request.
+    gate: Mutex<Option<Gate>>,
+}
+
+struct Gate {
+    reply: Reply,
+    window: Duration,
+    opened_at: Option<Instant>,
 }
 
 /// The scripted server.
@@ -133,6 +152,19 @@ impl TestServer {
         }
     }
 
+    /// Like [`TestServer::start`], but every request that arrives less than
+    /// `window` after the first one gets `reject` (an upstream that is rate
+    /// limited for a while); later ones get `replies` in order.
+    pub async fn start_gated(reject: Reply, window: Duration, replies: Vec<Reply>) -> Self {
+        let server = Self::start(replies).await;
+        *server.shared.gate.lock().unwrap() = Some(Gate {
+            reply: reject,
+            window,
+            opened_at: None,
+        });
+        server
+    }
+
     /// Requests received so far.
     pub fn requests(&self) -> Vec<Recorded> {
         self.shared.requests.lock().unwrap().clone()
@@ -151,7 +183,11 @@ async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response {
         body: serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null),
         at: Instant::now(),
     });
-    let reply = shared.replies.lock().unwrap().pop_front();
+    let gated = shared.gate.lock().unwrap().as_mut().and_then(|g| {
+        let first = *g.opened_at.get_or_insert_with(Instant::now);
+        (first.elapsed() < g.window).then(|| g.reply.clone())
+    });
+    let reply = gated.or_else(|| shared.replies.lock().unwrap().pop_front());
     let Some(reply) = reply else {
         return Response::builder()
             .status(599)
@@ -189,17 +225,23 @@ async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response {
 
 /// Bytes of `tests/fixtures/<provider>/<name>`.
 pub fn fixture(provider: &str, name: &str) -> Vec<u8> {
-    let path: PathBuf = [
-        env!("CARGO_MANIFEST_DIR"),
-        "tests",
-        "fixtures",
-        provider,
-        name,
-    ]
-    .iter()
-    .collect();
+    // This module is shared by edward-core's tests and the root crate's.
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let path: PathBuf = [root.join("tests"), root.join("edward-core/tests")]
+        .into_iter()
+        .map(|dir| dir.join("fixtures").join(provider).join(name))
+        .find(|p| p.exists())
+        .unwrap_or_else(|| root.join("tests/fixtures").join(provider).join(name));
     std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
+
+/// The answer the `gateway_usage.sse` and `nonstream.json` fixtures carry
+/// (an Edward protocol answer: one file, then done).
+pub const GATEWAY_ANSWER: &str = "I'll write the greeting.\n<edward_sandbox project=\"hello\">\n<file path=\"hello.txt\">\nhéllo through a gateway ✓\n</file>\n</edward_sandbox>\n<edward_done/>";
+
+/// What the `gateway_*_after_upstream_failure.sse` fixtures stream before
+/// the gateway ends the message as if it had finished: cut inside a file.
+pub const GATEWAY_CUT: &str = "Writing the big file.\n<edward_sandbox project=\"big\">\n<file path=\"big.txt\">\nline 1 of 100\nline 2 of 100\nline 3 of 100\nline 4 o";
 
 /// The text every `text.sse` fixture streams.
 pub const FIXTURE_TEXT: &str =
@@ -310,6 +352,7 @@ pub fn fast_retry() -> RetryPolicy {
         base_delay: Duration::from_millis(5),
         max_delay: Duration::from_millis(20),
         max_retry_after: Duration::from_secs(5),
+        ..RetryPolicy::default()
     }
 }
 
@@ -488,6 +531,11 @@ impl ProviderUnderTest {
         );
         assert!(c.finish.is_empty());
         assert_eq!(server.requests().len(), 1);
+        // What was streamed still counts: input and the streamed output.
+        assert_eq!(c.usage.len(), 1, "{}", c.order);
+        assert!(c.usage[0].input_tokens > 0, "{:?}", c.usage);
+        assert!(c.usage[0].output_tokens > 0, "{:?}", c.usage);
+        assert!(c.order.ends_with('U'), "{}", c.order);
     }
 
     /// A clean EOF before the provider's end: StreamInterrupted too.
@@ -671,6 +719,224 @@ impl ProviderUnderTest {
     }
 }
 
+/// Records every failed attempt a client reports.
+#[derive(Default)]
+pub struct Attempts(pub Mutex<Vec<AttemptFailure>>);
+
+impl ModelObserver for Attempts {
+    fn attempt_failed(&self, failure: &AttemptFailure) {
+        self.0.lock().unwrap().push(failure.clone());
+    }
+}
+
+impl Attempts {
+    /// What was reported so far.
+    pub fn all(&self) -> Vec<AttemptFailure> {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+/// Stream `request` with an observer (and an optional deadline) and drain it.
+pub async fn run_observed(
+    client: &dyn ModelClient,
+    request: ModelRequest,
+    deadline: Option<Duration>,
+) -> (Collected, Vec<AttemptFailure>) {
+    let seen = Arc::new(Attempts::default());
+    let call = ModelCall {
+        deadline: deadline.map(|d| tokio::time::Instant::now() + d),
+        observer: Some(seen.clone()),
+    };
+    let c = match client
+        .stream_call(request, CancellationToken::new(), call)
+        .await
+    {
+        Ok(s) => collect(s).await,
+        Err(e) => Collected {
+            error: Some(e),
+            ..Default::default()
+        },
+    };
+    (c, seen.all())
+}
+
+/// Fast retries with a rate-limit window for tests.
+pub fn windowed_retry(window: Duration) -> RetryPolicy {
+    RetryPolicy {
+        max_attempts: 100,
+        base_delay: Duration::from_millis(20),
+        max_delay: Duration::from_millis(80),
+        rate_limit_window: window,
+        error_window: window,
+        ..RetryPolicy::default()
+    }
+}
+
+impl ProviderUnderTest {
+    /// A gateway's stream (ids rewritten, no empty first chunk, input `0`
+    /// early and the real count later): the answer, the real usage, Stop.
+    pub async fn gateway_usage(&self) {
+        let server = TestServer::start(vec![Reply::sse(self.fixture("gateway_usage.sse"))]).await;
+        let c = run(&*self.client(&server), request(self.model)).await;
+        assert_eq!(c.error, None);
+        assert_eq!(c.text, GATEWAY_ANSWER);
+        assert_eq!(
+            c.usage,
+            vec![Usage {
+                input_tokens: 1312,
+                output_tokens: 41,
+                estimated: false
+            }]
+        );
+        assert_eq!(c.finish, vec![FinishReason::Stop]);
+    }
+
+    /// A server that ignored `stream: true` and answered `application/json`:
+    /// the complete reply is the answer, as one chunk, with its usage.
+    pub async fn json_instead_of_sse(&self, thinking: &str) {
+        let server = TestServer::start(vec![Reply::json(self.fixture("nonstream.json"))]).await;
+        let c = run(&*self.client(&server), request(self.model)).await;
+        assert_eq!(c.error, None);
+        assert_eq!(c.text, GATEWAY_ANSWER);
+        assert_eq!(c.thinking, thinking);
+        assert_eq!(
+            c.usage,
+            vec![Usage {
+                input_tokens: 1312,
+                output_tokens: 41,
+                estimated: false
+            }]
+        );
+        assert_eq!(c.finish, vec![FinishReason::Stop]);
+        assert_eq!(server.requests().len(), 1);
+    }
+
+    /// A 200 that is neither an event stream nor the provider's JSON: an
+    /// error naming what came back.
+    pub async fn unexpected_reply_is_named(&self) {
+        let mut html = Reply::json("<html><body>502 Bad Gateway (nginx)</body></html>");
+        html.headers = vec![("content-type".into(), "text/html; charset=utf-8".into())];
+        let json = Reply::json(r#"{"status":"ok","detail":"queued"}"#);
+        let server = TestServer::start(vec![html, json]).await;
+        let client = (self.make)(&server.base_url, RetryPolicy::none(), Timeouts::default());
+        for expected in ["text/html", "application/json"] {
+            let c = run(&*client, request(self.model)).await;
+            match &c.error {
+                Some(ModelError::Transport { message }) => {
+                    assert!(message.contains(expected), "{message}");
+                    assert!(message.contains("neither an event stream"), "{message}");
+                }
+                other => panic!("{other:?}"),
+            }
+            assert!(c.text.is_empty());
+        }
+    }
+
+    /// Three 429s without `Retry-After`, then success: the observer hears
+    /// three failures, each with the status, the provider's message and the
+    /// delay before the next attempt.
+    pub async fn retries_are_reported(&self, message: &str) {
+        let mut replies = vec![Reply::error(429, self.fixture("error_429.json")); 3];
+        replies.push(Reply::sse(self.fixture("text.sse")));
+        let server = TestServer::start(replies).await;
+        let (c, seen) = run_observed(&*self.client(&server), request(self.model), None).await;
+        assert_eq!(c.error, None);
+        assert_eq!(c.text, FIXTURE_TEXT);
+        assert_eq!(seen.len(), 3, "{seen:?}");
+        for (i, f) in seen.iter().enumerate() {
+            assert_eq!(f.attempt, i as u32 + 1);
+            assert_eq!(f.status, Some(429));
+            assert!(
+                f.message.as_deref().unwrap_or("").contains(message),
+                "{f:?}"
+            );
+            assert!(matches!(f.error, ModelError::RateLimited { .. }), "{f:?}");
+            assert!(f.retry_in.is_some(), "{f:?}");
+        }
+        assert_eq!(server.requests().len(), 4);
+    }
+
+    /// An upstream rate limited for a while (429 without `Retry-After` until
+    /// `busy` after the first request), then fine: retried within the
+    /// window until it succeeds. (The real-world case is 5 s against the
+    /// default 60 s window; scaled down here.)
+    pub async fn rate_limit_window_outlasts_the_upstream(&self) {
+        let busy = Duration::from_millis(500);
+        let server = TestServer::start_gated(
+            Reply::error(429, self.fixture("error_429.json")),
+            busy,
+            vec![Reply::sse(self.fixture("text.sse"))],
+        )
+        .await;
+        let client = (self.make)(
+            &server.base_url,
+            windowed_retry(Duration::from_secs(10)),
+            Timeouts::default(),
+        );
+        let (c, seen) = run_observed(&*client, request(self.model), None).await;
+        assert_eq!(c.error, None);
+        assert_eq!(c.text, FIXTURE_TEXT);
+        let reqs = server.requests();
+        assert!(reqs.len() >= 3, "{}", reqs.len());
+        assert!(reqs[reqs.len() - 1].at - reqs[0].at >= busy);
+        assert_eq!(seen.len(), reqs.len() - 1);
+        assert!(seen.iter().all(|f| f.retry_in.is_some()));
+    }
+
+    /// A window shorter than the upstream's limit: gives up once the next
+    /// wait would pass it; the last report says no retry follows.
+    pub async fn rate_limit_window_ends_the_retries(&self) {
+        let server = TestServer::start_gated(
+            Reply::error(429, self.fixture("error_429.json")),
+            Duration::from_secs(30),
+            vec![],
+        )
+        .await;
+        let client = (self.make)(
+            &server.base_url,
+            windowed_retry(Duration::from_millis(300)),
+            Timeouts::default(),
+        );
+        let start = Instant::now();
+        let (c, seen) = run_observed(&*client, request(self.model), None).await;
+        assert!(
+            matches!(c.error, Some(ModelError::RateLimited { .. })),
+            "{:?}",
+            c.error
+        );
+        assert!(start.elapsed() < Duration::from_secs(3));
+        let last = seen.last().expect("reports");
+        assert_eq!(last.retry_in, None);
+        assert_eq!(seen.len(), server.requests().len());
+    }
+
+    /// The caller's deadline bounds the retries: a `Retry-After` that ends
+    /// past it is not waited for.
+    pub async fn deadline_bounds_the_retries(&self) {
+        let server = TestServer::start(vec![
+            Reply::error(429, self.fixture("error_429.json")).header("retry-after", "2"),
+            Reply::sse(self.fixture("text.sse")),
+        ])
+        .await;
+        let start = Instant::now();
+        let (c, seen) = run_observed(
+            &*self.client(&server),
+            request(self.model),
+            Some(Duration::from_millis(500)),
+        )
+        .await;
+        assert!(
+            matches!(c.error, Some(ModelError::RateLimited { .. })),
+            "{:?}",
+            c.error
+        );
+        assert!(start.elapsed() < Duration::from_millis(1500));
+        assert_eq!(server.requests().len(), 1);
+        assert_eq!(seen.len(), 1);
+        assert_eq!(seen[0].retry_in, None);
+    }
+}
+
 /// The end of the last complete event (blank line, LF or CRLF) before `pos`.
 pub fn event_boundary_before(body: &[u8], pos: usize) -> usize {
     (0..pos)
@@ -727,6 +993,10 @@ macro_rules! common_provider_tests {
                 cancel_during_backoff(fixture($p.name, "error_429.json")),
             malformed_line_is_a_typed_error => malformed_line(),
             connection_refused_is_transport => connection_refused(),
+            unexpected_reply_is_named => unexpected_reply_is_named(),
+            rate_limit_window_outlasts_the_upstream => rate_limit_window_outlasts_the_upstream(),
+            rate_limit_window_ends_the_retries => rate_limit_window_ends_the_retries(),
+            deadline_bounds_the_retries => deadline_bounds_the_retries(),
         }
     };
 }
