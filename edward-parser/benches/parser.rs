@@ -33,12 +33,19 @@
 //   counting global allocator: allocations per MB, bytes allocated per MB and
 //   the peak of live heap bytes during the pass (the parser's own memory plus
 //   what the consumer keeps; the input and its chunk list exist before).
+//
+// Instruction counts (load-independent): with `EDWARD_PARSER_PASSES=INPUT,
+// CHUNK,API,N` (INPUT `corpus` or `file_10mib`, CHUNK a size or `whole`, API
+// `borrowed`, `owned` or `memchr`) the binary runs just N passes in
+// `measured_passes` and exits, for
+// `valgrind --tool=callgrind --toggle-collect='*measured_passes*' BINARY`;
+// instructions per byte = the `Collected` count / (N * input bytes, printed).
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 
-use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group};
 use edward_parser::{Event, EventRef, Parser};
 
 /// Counts allocations while `COUNTING` is set (a plain load otherwise, so the
@@ -399,6 +406,43 @@ fn fastest(_: &mut Criterion) {
     }
 }
 
+/// `N` passes of one contender (kept out of line so callgrind can count it alone).
+#[inline(never)]
+fn measured_passes(pieces: &[&str], api: &str, n: usize) -> usize {
+    let mut out: Vec<Event> = Vec::with_capacity(1024);
+    let mut acc = 0;
+    for _ in 0..n {
+        acc += match api {
+            "borrowed" => borrowed(black_box(pieces)).0,
+            "owned" => owned(black_box(pieces), &mut out),
+            _ => memchr_lt(black_box(pieces)),
+        };
+    }
+    acc
+}
+
+/// `EDWARD_PARSER_PASSES=INPUT,CHUNK,API,N`: see the top of this file.
+fn passes_only(spec: &str) {
+    let parts: Vec<&str> = spec.split(',').map(str::trim).collect();
+    let [input_name, size, api, n] = parts[..] else {
+        eprintln!("EDWARD_PARSER_PASSES: expected INPUT,CHUNK,API,N, got {spec:?}");
+        std::process::exit(2);
+    };
+    let input = if input_name == "corpus" {
+        corpus()
+    } else {
+        single_file(10 * 1024 * 1024)
+    };
+    let chunk = size.parse::<usize>().ok();
+    let n: usize = n.parse().unwrap_or(1);
+    let pieces = chunks(&input, chunk);
+    black_box(measured_passes(&pieces, api, n));
+    println!(
+        "{input_name} {size} {api}: {n} passes over {} bytes",
+        input.len()
+    );
+}
+
 criterion_group!(
     benches,
     bench_corpus,
@@ -406,4 +450,12 @@ criterion_group!(
     fastest,
     allocations
 );
-criterion_main!(benches);
+
+fn main() {
+    if let Ok(spec) = std::env::var("EDWARD_PARSER_PASSES") {
+        passes_only(&spec);
+        return;
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}
