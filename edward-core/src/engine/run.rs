@@ -21,7 +21,7 @@ use super::events::EngineEvent;
 use super::outcome::{TurnFacts, TurnOutcome, decide_turn_outcome};
 use super::prompt::{NUDGE_MESSAGE, SYSTEM_PROMPT, bounded, continuation_message};
 use super::sink::{LogError, LogTuning, RunLog};
-use crate::parser::{Event, Parser};
+use crate::parser::{EventRef, Parser};
 use crate::pricing::estimate_tokens;
 use crate::{
     Checkpoint, Fence, Lease, Message, ModelChunk, ModelError, ModelRequest, NewEvent, Notifier,
@@ -827,9 +827,8 @@ impl RunCtx {
                 None => break,
                 Some(Ok(ModelChunk::Text(t))) => {
                     output.push_str(&t);
-                    parser.feed(&t, &mut parsed);
-                    self.dispatch(&mut parsed, &mut file, &mut done, &tx)
-                        .await?;
+                    parser.feed_with(&t, |e| parsed_step(e, &mut file, &mut done, &mut parsed));
+                    self.dispatch(&mut parsed, &tx).await?;
                     if estimate_tokens(&output) >= out_budget {
                         budget_hit = true;
                         break;
@@ -846,106 +845,125 @@ impl RunCtx {
                 Some(Err(e)) => return Err(TurnError::Model(e)),
             }
         }
-        parser.finish(&mut parsed);
-        self.dispatch(&mut parsed, &mut file, &mut done, &tx)
-            .await?;
+        parser.finish_with(|e| parsed_step(e, &mut file, &mut done, &mut parsed));
+        self.dispatch(&mut parsed, &tx).await?;
         Ok((output, usage, done, budget_hit))
     }
 
-    /// Turn parser events into run events and side-effect work.
+    /// Log the run events and hand over the side-effect work of [`parsed_step`].
     async fn dispatch(
         &self,
-        parsed: &mut Vec<Event>,
-        file: &mut Option<(String, String)>,
-        done: &mut bool,
+        parsed: &mut Vec<Parsed>,
         tx: &mpsc::Sender<EffectItem>,
     ) -> Result<(), TurnError> {
-        for ev in parsed.drain(..) {
-            let item = match ev {
-                Event::Text { content } => {
-                    self.log.emit(EngineEvent::TextDelta { content }).await;
-                    None
+        for step in parsed.drain(..) {
+            let item = match step {
+                Parsed::Log(event) => {
+                    self.log.emit(event).await;
+                    continue;
                 }
-                Event::ThinkingContent { content } => {
-                    self.log.emit(EngineEvent::ThinkingDelta { content }).await;
-                    None
-                }
-                Event::ThinkingStart | Event::ThinkingEnd => None,
-                Event::SandboxStart { project, base } => {
-                    Some(EffectItem::Sandbox(crate::SandboxSpec { project, base }))
-                }
-                Event::SandboxEnd | Event::InstallStart | Event::InstallEnd => None,
-                Event::FileStart { path } => {
-                    *file = Some((path, String::new()));
-                    None
-                }
-                Event::FileContent { content } => {
-                    if let Some((path, buf)) = file.as_mut() {
-                        buf.push_str(&content);
-                        self.log
-                            .emit(EngineEvent::FileDelta {
-                                path: path.clone(),
-                                content,
-                            })
-                            .await;
-                    } else {
-                        self.log.emit(EngineEvent::TextDelta { content }).await;
-                    }
-                    None
-                }
-                Event::FileEnd => file
-                    .take()
-                    .map(|(path, content)| EffectItem::File { path, content }),
-                Event::InstallContent {
-                    dependencies,
-                    framework,
-                } => Some(EffectItem::Install {
-                    dependencies,
-                    framework,
-                }),
-                Event::Command { command, args } => Some(EffectItem::Command { command, args }),
-                Event::WebSearch { query, max_results } => {
-                    Some(EffectItem::WebSearch { query, max_results })
-                }
-                Event::Done => {
-                    *done = true;
-                    None
-                }
-                Event::Error {
-                    code,
-                    message,
-                    severity,
-                    skipped_bytes,
-                } => {
-                    self.log
-                        .emit(EngineEvent::ParseError {
-                            code: code.as_str().into(),
-                            message,
-                            severity: match severity {
-                                crate::parser::Severity::Recoverable => "recoverable".into(),
-                                crate::parser::Severity::Fatal => "fatal".into(),
-                            },
-                            skipped_bytes,
-                        })
-                        .await;
-                    None
-                }
+                Parsed::Effect(item) => item,
             };
-            if let Some(item) = item {
-                // Bounded: parsing only waits when the handler is far behind.
-                tokio::select! {
-                    r = tx.send(item) => {
-                        if r.is_err() {
-                            // The handler stopped (error or cancel); its result says why.
-                            return Err(TurnError::Stopped);
-                        }
+            // Bounded: parsing only waits when the handler is far behind.
+            tokio::select! {
+                r = tx.send(item) => {
+                    if r.is_err() {
+                        // The handler stopped (error or cancel); its result says why.
+                        return Err(TurnError::Stopped);
                     }
-                    _ = self.control.token.cancelled() => return Err(TurnError::Stopped),
                 }
+                _ = self.control.token.cancelled() => return Err(TurnError::Stopped),
             }
         }
         Ok(())
     }
+}
+
+/// What one parser event asks of the turn, in stream order.
+enum Parsed {
+    /// A run event to log.
+    Log(EngineEvent),
+    /// Side-effect work for the handler.
+    Effect(EffectItem),
+}
+
+/// Turn one parser event into run events and side-effect work, while the
+/// parser lends it (`Parser::feed_with`): file bytes go from the model's
+/// chunk straight into the open file's buffer, with no owned parser event in
+/// between.
+fn parsed_step(
+    ev: EventRef<'_>,
+    file: &mut Option<(String, String)>,
+    done: &mut bool,
+    out: &mut Vec<Parsed>,
+) {
+    let step = match ev {
+        EventRef::Text { content } => Parsed::Log(EngineEvent::TextDelta {
+            content: content.to_string(),
+        }),
+        EventRef::ThinkingContent { content } => Parsed::Log(EngineEvent::ThinkingDelta {
+            content: content.to_string(),
+        }),
+        EventRef::ThinkingStart | EventRef::ThinkingEnd => return,
+        EventRef::SandboxStart { project, base } => {
+            Parsed::Effect(EffectItem::Sandbox(crate::SandboxSpec {
+                project: project.map(str::to_string),
+                base: base.map(str::to_string),
+            }))
+        }
+        EventRef::SandboxEnd | EventRef::InstallStart | EventRef::InstallEnd => return,
+        EventRef::FileStart { path } => {
+            *file = Some((path.to_string(), String::new()));
+            return;
+        }
+        EventRef::FileContent { content } => match file.as_mut() {
+            Some((path, buf)) => {
+                buf.push_str(content);
+                Parsed::Log(EngineEvent::FileDelta {
+                    path: path.clone(),
+                    content: content.to_string(),
+                })
+            }
+            None => Parsed::Log(EngineEvent::TextDelta {
+                content: content.to_string(),
+            }),
+        },
+        EventRef::FileEnd => match file.take() {
+            Some((path, content)) => Parsed::Effect(EffectItem::File { path, content }),
+            None => return,
+        },
+        EventRef::InstallContent {
+            dependencies,
+            framework,
+        } => Parsed::Effect(EffectItem::Install {
+            dependencies: dependencies.to_vec(),
+            framework: framework.map(str::to_string),
+        }),
+        EventRef::Command { command, args } => Parsed::Effect(EffectItem::Command {
+            command: command.to_string(),
+            args: args.to_vec(),
+        }),
+        EventRef::WebSearch { query, max_results } => Parsed::Effect(EffectItem::WebSearch {
+            query: query.to_string(),
+            max_results,
+        }),
+        EventRef::Done => {
+            *done = true;
+            return;
+        }
+        EventRef::Error {
+            code,
+            message,
+            severity,
+            skipped_bytes,
+        } => Parsed::Log(EngineEvent::ParseError {
+            code: code.as_str().into(),
+            message: message.to_string(),
+            severity: severity.as_str().into(),
+            skipped_bytes,
+        }),
+    };
+    out.push(step);
 }
 
 fn elapsed_ms(since: DateTime<Utc>) -> u64 {
