@@ -133,6 +133,19 @@ impl FileFilter {
         self.stage == Stage::Plain
     }
 
+    /// Whether [`FileFilter::hold`] can take `len` more bytes: content after an
+    /// opening fence, inside the window.
+    #[inline]
+    pub(crate) fn can_hold(&self, len: usize) -> bool {
+        self.stage == Stage::Fenced && self.buf.len() + len <= FENCE_WINDOW
+    }
+
+    /// [`FileFilter::push`] when [`FileFilter::can_hold`] said yes.
+    #[inline]
+    pub(crate) fn hold(&mut self, s: &str) {
+        self.buf.push_str(s);
+    }
+
     /// Bytes currently held back.
     pub(crate) fn buffered_len(&self) -> usize {
         let cr = usize::from(self.stage == Stage::StartCr);
@@ -203,7 +216,10 @@ impl FileFilter {
                             s = "";
                         }
                         Some((end, true)) => {
-                            self.fence_line = std::mem::take(&mut self.buf);
+                            // copied, not taken: `buf` keeps its capacity for the window
+                            self.fence_line.clear();
+                            self.fence_line.push_str(&self.buf);
+                            self.buf.clear();
                             self.fence_line.push_str(s.get(..end).unwrap_or(""));
                             self.stage = Stage::Fenced;
                             s = s.get(end..).unwrap_or("");

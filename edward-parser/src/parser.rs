@@ -492,7 +492,49 @@ impl Parser {
         self.finish_into(&mut |e: EventRef<'_>| out.push(e.to_event()));
     }
 
+    #[inline(always)]
     fn feed_into(&mut self, chunk: &str, out: &mut impl FnMut(EventRef<'_>)) {
+        // Fast path for short chunks (a streamed token or two) that are plain
+        // content as a whole: no `<` in them can start a tag here. Kept small
+        // and inline; everything else takes the general path.
+        if chunk.len() < 64 && self.cand.is_none() && !chunk.is_empty() {
+            let bytes = chunk.as_bytes();
+            let fast = match self.mode {
+                Mode::Text | Mode::Sandbox | Mode::Thinking => true,
+                Mode::File => self.file.is_plain() || self.file.can_hold(chunk.len()),
+                _ => false,
+            };
+            if fast && !self.may_hold_tag(bytes) {
+                match self.mode {
+                    Mode::Thinking => out(EventRef::ThinkingContent { content: chunk }),
+                    Mode::File if self.file.is_plain() => {
+                        out(EventRef::FileContent { content: chunk });
+                    }
+                    Mode::File => self.file.hold(chunk),
+                    _ => out(EventRef::Text { content: chunk }),
+                }
+                return;
+            }
+        }
+        self.feed_general(chunk, out);
+    }
+
+    /// Whether a `<` of `bytes` may start a tag in the current mode.
+    #[inline(always)]
+    fn may_hold_tag(&self, bytes: &[u8]) -> bool {
+        let mut pos = 0;
+        while let Some(off) = find_lt(bytes.get(pos..).unwrap_or(&[])) {
+            let lt = pos + off;
+            if could_start(self.mode.tags(), bytes.get(lt + 1..).unwrap_or(&[])) {
+                return true;
+            }
+            pos = lt + 1;
+        }
+        false
+    }
+
+    #[inline(never)]
+    fn feed_general(&mut self, chunk: &str, out: &mut impl FnMut(EventRef<'_>)) {
         let mut rest = chunk;
         while !rest.is_empty() {
             rest = if self.cand.is_some() {
