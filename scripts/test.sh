@@ -14,9 +14,13 @@ step "cargo clippy (all targets, all features, -D warnings)"
 cargo clippy --workspace --all-targets --all-features -- -D warnings
 
 step "start PostgreSQL (scripts/pg.sh)"
-trap 'scripts/pg.sh stop' EXIT
+trap 'scripts/pg.sh stop; scripts/redis.sh stop' EXIT
 EDWARD_TEST_DATABASE_URL="$(scripts/pg.sh start)"
 export EDWARD_TEST_DATABASE_URL
+
+step "start Redis (scripts/redis.sh)"
+EDWARD_TEST_REDIS_URL="$(scripts/redis.sh start)"
+export EDWARD_TEST_REDIS_URL
 
 step "cargo test (all features)"
 cargo test --workspace --all-features 2>&1 | tee target/test-output.txt

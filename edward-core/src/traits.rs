@@ -324,6 +324,11 @@ pub struct LockGuard {
     pub owner: String,
     /// Unique per acquisition; release/renew compare it.
     pub token: String,
+    /// Fencing token: greater than the fence of every earlier acquisition
+    /// of any lock by the same backend, so a downstream system can refuse
+    /// a holder whose lease lapsed during a pause (it presents an older fence).
+    #[serde(default)]
+    pub fence: u64,
 }
 
 /// Owner-checked lease lock with renewal.
