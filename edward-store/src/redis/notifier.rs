@@ -25,10 +25,6 @@ use super::{RedisBackend, RedisConnectError, infra_err};
 const FANOUT_CAPACITY: usize = 1024;
 const PING_EVERY: Duration = Duration::from_secs(5);
 
-/// The hint every event subscriber gets after the subscriber connection was
-/// re-established: hints may have been lost, re-read the store.
-pub const RESYNC_HINT: u64 = u64::MAX;
-
 /// Redis [`Notifier`]. Cloning is cheap; the subscriber task stops when the
 /// last clone is dropped.
 #[derive(Debug, Clone)]
@@ -49,6 +45,10 @@ struct Inner {
 }
 
 impl RedisNotifier {
+    /// The hint every event subscriber gets after the subscriber connection
+    /// was re-established: hints may have been lost, re-read the store.
+    pub const RESYNC_HINT: u64 = u64::MAX;
+
     pub(crate) async fn start(backend: RedisBackend) -> Result<Self, RedisConnectError> {
         let events_channel = backend.key("events");
         let cancels_channel = backend.key("cancels");
@@ -147,7 +147,7 @@ async fn listen_loop(mut l: Listener) {
                         tracing::info!("redis subscriber reconnected");
                         // Hints sent while disconnected are gone: tell every
                         // tailer to re-read the store.
-                        drop(l.events.send((None, RESYNC_HINT)));
+                        drop(l.events.send((None, RedisNotifier::RESYNC_HINT)));
                         backoff = Duration::from_millis(50);
                         pair
                     }

@@ -205,7 +205,7 @@ impl WriteBuffer for RedisWriteBuffer {
 
     async fn take(&self, key: &SandboxKey) -> Result<Vec<PendingFile>, InfraError> {
         let backend = &self.inner.backend;
-        let expected = self.mine().remove(key).unwrap_or_default();
+        let expected = self.mine().get(key).cloned().unwrap_or_default();
         let mut conn = backend.conn();
         let value: redis::Value = self
             .inner
@@ -220,6 +220,8 @@ impl WriteBuffer for RedisWriteBuffer {
             .invoke_async(&mut conn)
             .await
             .map_err(|e| infra_err(self.prefix(), e))?;
+        // Whatever the reply, the server removed everything pending.
+        self.mine().remove(key);
         let mut items = reply::array(value).map_err(foreign_infra)?;
         let (_, was_lost) = epoch_reply(&items)?;
         if was_lost {
