@@ -3,7 +3,9 @@
 //! when built with the `postgres` feature), a local sandbox under
 //! `./edward-data/sandboxes` (or `--dir`), and the scripted demo model
 //! (`EDWARD_MODEL=openai:gpt-4o-mini`, `anthropic:…` or `gemini:…` picks a real
-//! provider; see docs/PROVIDERS.md).
+//! provider; see docs/PROVIDERS.md). With the `redis` feature,
+//! `EDWARD_REDIS_URL=redis://…` takes the queue, write buffer and notifier
+//! from Redis (runs stay in SQLite or Postgres; see docs/REDIS.md).
 //! A run interrupted by a crash is resumed by the next invocation's worker.
 //!
 //! ```text
@@ -52,6 +54,9 @@ struct Cli {
     /// A `postgres://` URL to use instead of the SQLite file.
     #[arg(long, env = "EDWARD_DATABASE_URL")]
     database_url: Option<String>,
+    /// A `redis://` URL: queue, write buffer and notifier from Redis.
+    #[arg(long, env = "EDWARD_REDIS_URL")]
+    redis_url: Option<String>,
 }
 
 /// Backends chosen from the command line. New options (a database URL, a
@@ -66,9 +71,10 @@ async fn build_backends(cli: &Cli) -> Result<Backends, Box<dyn std::error::Error
     let provider = Arc::new(LocalSandboxProvider::new(&cli.dir));
     let (store, queue) = open_store(cli).await?;
     let builder = Engine::builder()
-        .store(store)
+        .store(store.clone())
         .queue(queue)
         .sandbox_provider(provider.clone() as Arc<dyn SandboxProvider>);
+    let builder = with_redis(cli, builder, store).await?;
     let engine = with_model_from_env(builder)?.build()?;
     Ok(Backends { engine, provider })
 }
@@ -93,6 +99,30 @@ fn with_model_from_env(
         return Err("EDWARD_MODEL is set but this build has no model provider features".into());
     }
     Ok(builder)
+}
+
+/// `EDWARD_REDIS_URL` replaces the queue, write buffer and notifier.
+async fn with_redis(
+    cli: &Cli,
+    builder: edward::core::engine::EngineBuilder,
+    store: Arc<dyn RunStore>,
+) -> Result<edward::core::engine::EngineBuilder, Box<dyn std::error::Error>> {
+    let Some(url) = cli.redis_url.as_deref().filter(|u| !u.is_empty()) else {
+        return Ok(builder);
+    };
+    #[cfg(feature = "redis")]
+    {
+        let redis = edward::store::RedisBackend::connect(url).await?;
+        Ok(builder
+            .queue(Arc::new(redis.queue_with_recovery(store)))
+            .write_buffer(Arc::new(redis.write_buffer()))
+            .notifier(Arc::new(redis.notifier().await?)))
+    }
+    #[cfg(not(feature = "redis"))]
+    {
+        let _ = (builder, store);
+        Err(format!("{url:.8}…: built without the `redis` feature").into())
+    }
 }
 
 type StoreAndQueue = (Arc<dyn RunStore>, Arc<dyn RunQueue>);

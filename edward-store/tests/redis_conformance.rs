@@ -59,6 +59,7 @@ checks! { redis_write_buffer as WriteBuffer:
     buffer_due_order_and_limit => write_buffer::check_due_order_and_limit, r#ref;
     buffer_take_removes_index_entry => write_buffer::check_take_removes_index_entry, r#ref;
     buffer_keys_isolated => write_buffer::check_keys_isolated, r#ref;
+    buffer_put_back_keeps_newer_writes => write_buffer::check_put_back_keeps_newer_writes, r#ref;
     buffer_run_all => write_buffer::run_all, arc;
 }
 

@@ -21,6 +21,7 @@ use tokio::sync::broadcast;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::{RedisBackend, RedisConnectError, infra_err};
+use crate::common::broadcast_stream;
 
 const FANOUT_CAPACITY: usize = 1024;
 const PING_EVERY: Duration = Duration::from_secs(5);
@@ -209,24 +210,6 @@ fn dispatch(l: &Listener, msg: &redis::Msg) {
 fn parse_event_hint(payload: &str) -> Option<(RunId, u64)> {
     let (run, seq) = payload.rsplit_once(':')?;
     Some((run.parse().ok()?, seq.parse().ok()?))
-}
-
-/// A broadcast receiver as a stream; a lagging receiver skips what it
-/// missed (hints only), and the stream ends when the notifier is dropped.
-fn broadcast_stream<T: Clone + Send + 'static>(
-    rx: broadcast::Receiver<T>,
-) -> impl futures::Stream<Item = T> + Send + 'static {
-    futures::stream::unfold(rx, |mut rx| async move {
-        loop {
-            match rx.recv().await {
-                Ok(item) => return Some((item, rx)),
-                Err(broadcast::error::RecvError::Lagged(n)) => {
-                    tracing::debug!(skipped = n, "notification subscriber lagged");
-                }
-                Err(broadcast::error::RecvError::Closed) => return None,
-            }
-        }
-    })
 }
 
 #[async_trait]

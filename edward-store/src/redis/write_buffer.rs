@@ -55,7 +55,8 @@ else
   first = now
   redis.call('HSET', KEYS[3], ARGV[3], ARGV[4])
 end
-for i = 8, #ARGV, 2 do redis.call('HSET', KEYS[4], ARGV[i], ARGV[i + 1]) end
+local set = ARGV[8] == '1' and 'HSETNX' or 'HSET'
+for i = 9, #ARGV, 2 do redis.call(set, KEYS[4], ARGV[i], ARGV[i + 1]) end
 redis.call('PEXPIRE', KEYS[4], ARGV[7])
 local due = math.min(first + tonumber(ARGV[6]), now + tonumber(ARGV[5]))
 redis.call('ZADD', KEYS[2], string.format('%.0f', due), ARGV[3])
@@ -147,6 +148,38 @@ impl WriteBuffer for RedisWriteBuffer {
         now: DateTime<Utc>,
         policy: FlushPolicy,
     ) -> Result<(), InfraError> {
+        self.insert(key, files, now, policy, false).await
+    }
+
+    async fn put_back(
+        &self,
+        key: &SandboxKey,
+        files: Vec<PendingFile>,
+        now: DateTime<Utc>,
+        policy: FlushPolicy,
+    ) -> Result<(), InfraError> {
+        self.insert(key, files, now, policy, true).await
+    }
+
+    async fn due(&self, now: DateTime<Utc>, limit: usize) -> Result<Vec<SandboxKey>, InfraError> {
+        self.due_keys(now, limit).await
+    }
+
+    async fn take(&self, key: &SandboxKey) -> Result<Vec<PendingFile>, InfraError> {
+        self.take_files(key).await
+    }
+}
+
+impl RedisWriteBuffer {
+    /// `put` (`keep_existing` = false) or `put_back` (true).
+    async fn insert(
+        &self,
+        key: &SandboxKey,
+        files: Vec<PendingFile>,
+        now: DateTime<Utc>,
+        policy: FlushPolicy,
+        keep_existing: bool,
+    ) -> Result<(), InfraError> {
         if files.is_empty() {
             return Ok(());
         }
@@ -163,7 +196,8 @@ impl WriteBuffer for RedisWriteBuffer {
             .arg(ms(now))
             .arg(duration_ms(policy.debounce))
             .arg(duration_ms(policy.max_wait))
-            .arg(duration_ms(backend.options.pending_ttl).max(1));
+            .arg(duration_ms(backend.options.pending_ttl).max(1))
+            .arg(if keep_existing { "1" } else { "0" });
         for file in &files {
             call.arg(file.path.as_str()).arg(file.content.as_ref());
         }
@@ -183,7 +217,11 @@ impl WriteBuffer for RedisWriteBuffer {
         Ok(())
     }
 
-    async fn due(&self, now: DateTime<Utc>, limit: usize) -> Result<Vec<SandboxKey>, InfraError> {
+    async fn due_keys(
+        &self,
+        now: DateTime<Utc>,
+        limit: usize,
+    ) -> Result<Vec<SandboxKey>, InfraError> {
         if limit == 0 {
             return Ok(Vec::new());
         }
@@ -203,7 +241,7 @@ impl WriteBuffer for RedisWriteBuffer {
         Ok(keys.into_iter().map(SandboxKey).collect())
     }
 
-    async fn take(&self, key: &SandboxKey) -> Result<Vec<PendingFile>, InfraError> {
+    async fn take_files(&self, key: &SandboxKey) -> Result<Vec<PendingFile>, InfraError> {
         let backend = &self.inner.backend;
         let expected = self.mine().get(key).cloned().unwrap_or_default();
         let mut conn = backend.conn();
