@@ -346,8 +346,18 @@ pub trait WriteBuffer: Send + Sync + 'static {
     async fn due(&self, now: DateTime<Utc>, limit: usize) -> Result<Vec<SandboxKey>, InfraError>;
 
     /// Atomically remove and return everything pending for `key` (and its
-    /// index entry). A failed flush puts the files back.
+    /// index entry). A failed flush puts the files back with [`WriteBuffer::put_back`].
     async fn take(&self, key: &SandboxKey) -> Result<Vec<PendingFile>, InfraError>;
+
+    /// Put back files a failed flush took: like [`WriteBuffer::put`], except
+    /// that a path written since the take keeps its newer content.
+    async fn put_back(
+        &self,
+        key: &SandboxKey,
+        files: Vec<PendingFile>,
+        now: DateTime<Utc>,
+        policy: FlushPolicy,
+    ) -> Result<(), InfraError>;
 }
 
 // ---------------------------------------------------------------- Notifier
@@ -381,6 +391,11 @@ pub struct LockGuard {
     pub owner: String,
     /// Unique per acquisition; release/renew compare it.
     pub token: String,
+    /// Fencing token: greater than the fence of every earlier acquisition
+    /// of any lock by the same backend, so a downstream system can refuse
+    /// a holder whose lease lapsed during a pause (it presents an older fence).
+    #[serde(default)]
+    pub fence: u64,
 }
 
 /// Owner-checked lease lock with renewal.
