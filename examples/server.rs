@@ -27,7 +27,10 @@ use tokio_util::sync::CancellationToken;
 
 /// Serve the Edward HTTP API and its web page.
 #[derive(Debug, Parser)]
-#[command(name = "server", about = "Serve the Edward HTTP API with embedded defaults")]
+#[command(
+    name = "server",
+    about = "Serve the Edward HTTP API with embedded defaults"
+)]
 struct Cli {
     /// Address to listen on (port 0 picks a free port; the address is printed).
     #[arg(long, default_value = "127.0.0.1:8080")]
@@ -204,7 +207,9 @@ async fn open_store(cli: &Cli) -> Result<Backends, Box<dyn std::error::Error>> {
 /// `EDWARD_MODEL=openai:gpt-4o-mini` (or `anthropic:…`, `gemini:…`) picks
 /// the model; unset keeps the scripted demo.
 #[cfg(any(feature = "openai", feature = "anthropic", feature = "gemini"))]
-fn with_model_from_env(builder: EngineBuilder) -> Result<EngineBuilder, Box<dyn std::error::Error>> {
+fn with_model_from_env(
+    builder: EngineBuilder,
+) -> Result<EngineBuilder, Box<dyn std::error::Error>> {
     Ok(match edward::core::providers::from_env()? {
         Some(selected) => builder.model(selected.client).default_model(selected.model),
         None => builder,
@@ -212,7 +217,9 @@ fn with_model_from_env(builder: EngineBuilder) -> Result<EngineBuilder, Box<dyn 
 }
 
 #[cfg(not(any(feature = "openai", feature = "anthropic", feature = "gemini")))]
-fn with_model_from_env(builder: EngineBuilder) -> Result<EngineBuilder, Box<dyn std::error::Error>> {
+fn with_model_from_env(
+    builder: EngineBuilder,
+) -> Result<EngineBuilder, Box<dyn std::error::Error>> {
     if std::env::var("EDWARD_MODEL").is_ok_and(|v| !v.trim().is_empty() && v.trim() != "scripted") {
         return Err("EDWARD_MODEL is set but this build has no model provider features".into());
     }

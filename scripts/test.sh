@@ -18,6 +18,9 @@ trap 'scripts/pg.sh stop' EXIT
 EDWARD_TEST_DATABASE_URL="$(scripts/pg.sh start)"
 export EDWARD_TEST_DATABASE_URL
 
+step "install chromium + chromium-driver for the page test (scripts/browser.sh)"
+scripts/browser.sh >/dev/null
+
 step "cargo test (all features)"
 cargo test --workspace --all-features 2>&1 | tee target/test-output.txt
 grep -E '^test result:' target/test-output.txt | awk '

@@ -19,7 +19,9 @@ fn example_binary() -> PathBuf {
         .parent()
         .and_then(Path::parent)
         .expect("target/<profile>/deps");
-    let bin = dir.join("examples").join(format!("server{}", std::env::consts::EXE_SUFFIX));
+    let bin = dir
+        .join("examples")
+        .join(format!("server{}", std::env::consts::EXE_SUFFIX));
     assert!(
         bin.exists(),
         "{} is missing: build it first: `cargo build --example server` (`cargo test` and scripts/test.sh build it)",
@@ -205,7 +207,12 @@ async fn without_keys_a_development_key_is_printed_and_works() {
         .to_string();
     assert!(key.len() >= 32);
     let http = reqwest::Client::new();
-    let res = http.get(s.url("/v1/runs")).bearer_auth(&key).send().await.unwrap();
+    let res = http
+        .get(s.url("/v1/runs"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(res.status(), 200);
     assert_eq!(
         http.get(s.url("/v1/runs")).send().await.unwrap().status(),

@@ -155,6 +155,7 @@ function logLine(cls, text) {
 
 function appendText(kind, text) {
   if (!state.lastBlock || state.lastBlock.kind !== kind) {
+    if (!text.trim()) return; // no empty-looking blocks between files
     const div = document.createElement("div");
     div.className = kind;
     $("log").appendChild(div);
