@@ -21,7 +21,7 @@ use std::sync::Arc;
 use clap::Parser;
 use edward::core::engine::{Engine, EngineBuilder, Limits, WorkerConfig};
 use edward::core::{Notifier, RunQueue, RunStore, SandboxProvider};
-use edward::http::{Api, ApiKeys, HttpConfig, RateLimit};
+use edward::http::{Api, ApiKeys, HttpConfig, RateLimit, WebhookConfig};
 use edward::sandbox::LocalSandboxProvider;
 use tokio_util::sync::CancellationToken;
 
@@ -69,6 +69,19 @@ struct Cli {
     /// An origin allowed by CORS (repeatable; `*` for any).
     #[arg(long = "cors-origin")]
     cors_origins: Vec<String>,
+    /// POST `run_finished` (with `--webhook-all-events`, every event) of the
+    /// runs this server admits to this URL, signed with `--webhook-secret`.
+    #[arg(long, env = "EDWARD_WEBHOOK_URL", requires = "webhook_secret")]
+    webhook_url: Option<String>,
+    /// The webhook signing secret (`whsec_<base64>`).
+    #[arg(long, env = "EDWARD_WEBHOOK_SECRET", hide_env_values = true)]
+    webhook_secret: Option<String>,
+    /// Deliver every event, not only `run_finished`.
+    #[arg(long)]
+    webhook_all_events: bool,
+    /// Allow webhook targets on loopback/private addresses.
+    #[arg(long)]
+    webhook_allow_private: bool,
 }
 
 #[tokio::main]
@@ -119,12 +132,19 @@ async fn serve(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
         keys.insert("dev", &key);
         key
     });
-    let config = HttpConfig::default()
+    let mut config = HttpConfig::default()
         .rate_limit((cli.rate_limit > 0).then(|| RateLimit {
             per_second: cli.rate_limit,
             burst: cli.rate_limit.saturating_mul(2),
         }))
         .cors_origins(cli.cors_origins.clone());
+    if let (Some(url), Some(secret)) = (&cli.webhook_url, &cli.webhook_secret) {
+        config = config.webhook(
+            WebhookConfig::new(url, secret)?
+                .all_events(cli.webhook_all_events)
+                .allow_private(cli.webhook_allow_private),
+        );
+    }
     let api = Api::new(engine.clone(), sandboxes, keys, config);
 
     let listener = tokio::net::TcpListener::bind(cli.bind).await?;

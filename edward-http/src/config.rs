@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use crate::webhooks::WebhookConfig;
+
 /// Tuning of the HTTP API. `HttpConfig::default()` is a sensible production
 /// setting; tests shorten the intervals.
 #[derive(Debug, Clone)]
@@ -33,6 +35,9 @@ pub struct HttpConfig {
     pub max_file_bytes: u64,
     /// How long an `Idempotency-Key` is remembered (default 24 h).
     pub idempotency_ttl: Duration,
+    /// Deliver run events of the runs this server admits to a webhook
+    /// (default none).
+    pub webhook: Option<WebhookConfig>,
 }
 
 impl Default for HttpConfig {
@@ -49,6 +54,7 @@ impl Default for HttpConfig {
             serve_page: true,
             max_file_bytes: 8 * 1024 * 1024,
             idempotency_ttl: Duration::from_secs(24 * 3600),
+            webhook: None,
         }
     }
 }
@@ -92,6 +98,11 @@ impl HttpConfig {
     /// Set the CORS origins.
     pub fn cors_origins<I: IntoIterator<Item = S>, S: Into<String>>(mut self, origins: I) -> Self {
         self.cors_origins = origins.into_iter().map(Into::into).collect();
+        self
+    }
+    /// Deliver events to a webhook.
+    pub fn webhook(mut self, w: WebhookConfig) -> Self {
+        self.webhook = Some(w);
         self
     }
     /// Serve (or not) the web page at `/`.

@@ -59,6 +59,7 @@ mod openapi;
 mod page;
 mod runs;
 mod state;
+mod webhooks;
 
 pub use auth::{ApiKeys, Caller, KeyHash, hash_key};
 pub use config::{HttpConfig, RateLimit};
@@ -68,6 +69,7 @@ pub use model::{
     EventView, FileList, FileView, Health, RunPage, RunView, SubmitRun, SubmittedRun, UsageView,
 };
 pub use openapi::openapi;
+pub use webhooks::{DeliveryRecord, WebhookConfig, WebhookError, sign as sign_webhook};
 
 use crate::state::{AppState, Inner};
 
@@ -97,15 +99,21 @@ impl Api {
         keys: ApiKeys,
         config: HttpConfig,
     ) -> Self {
+        let shutdown = CancellationToken::new();
+        let webhooks = config
+            .webhook
+            .clone()
+            .map(|w| Arc::new(webhooks::Webhooks::new(w, engine.clone(), shutdown.clone())));
         Api {
             state: AppState(Arc::new(Inner {
+                webhooks,
                 engine,
                 keys,
                 files: files::RunFiles::new(sandboxes),
                 idempotency: idempotency::Idempotency::new(config.idempotency_ttl),
                 metrics: metrics::Metrics::new(),
                 limiter: limit::Limiter::new(config.rate_limit),
-                shutdown: CancellationToken::new(),
+                shutdown,
                 config,
             })),
         }
@@ -163,6 +171,15 @@ impl Api {
             router = router.layer(cors);
         }
         router.with_state(state)
+    }
+
+    /// Webhook delivery attempts (of one run, or all), oldest first.
+    pub fn webhook_deliveries(&self, run_id: Option<RunId>) -> Vec<DeliveryRecord> {
+        self.state
+            .webhooks
+            .as_ref()
+            .map(|w| w.records(run_id))
+            .unwrap_or_default()
     }
 
     /// Tell open event streams to end with a `reconnect` event (and

@@ -100,6 +100,9 @@ async fn submit_once(state: &AppState, req: RunRequest) -> Result<RunId, ApiErro
     match state.engine.submit(req).await {
         Ok(id) => {
             state.metrics.runs_submitted.inc();
+            if let Some(webhooks) = &state.webhooks {
+                webhooks.watch(id);
+            }
             Ok(id)
         }
         Err(e) => {

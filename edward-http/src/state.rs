@@ -23,6 +23,7 @@ pub(crate) struct Inner {
     pub(crate) limiter: Limiter,
     /// Fired on shutdown: open streams end with a `reconnect` event.
     pub(crate) shutdown: CancellationToken,
+    pub(crate) webhooks: Option<Arc<crate::webhooks::Webhooks>>,
 }
 
 #[derive(Clone)]
