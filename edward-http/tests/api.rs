@@ -911,3 +911,55 @@ async fn health_metrics_openapi_and_page() {
     assert_eq!(js.status(), 200);
     assert!(js.text().await.unwrap().contains("Last-Event-ID"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cors_is_off_by_default_and_configurable() {
+    let preflight = |s: &TestServer| {
+        s.client
+            .request(reqwest::Method::OPTIONS, s.url("/v1/runs"))
+            .header("origin", "https://app.example")
+            .header("access-control-request-method", "POST")
+            .header(
+                "access-control-request-headers",
+                "authorization,content-type,idempotency-key",
+            )
+            .send()
+    };
+    let s = TestServer::start(Opts {
+        worker: false,
+        ..Opts::default()
+    })
+    .await;
+    let res = preflight(&s).await.unwrap();
+    assert!(!res.headers().contains_key("access-control-allow-origin"));
+
+    let s = TestServer::start(Opts {
+        worker: false,
+        http: HttpConfig::default()
+            .rate_limit(None)
+            .cors_origins(["https://app.example"]),
+        ..Opts::default()
+    })
+    .await;
+    let res = preflight(&s).await.unwrap();
+    assert_eq!(
+        res.headers()["access-control-allow-origin"],
+        "https://app.example"
+    );
+    let allowed = res.headers()["access-control-allow-headers"]
+        .to_str()
+        .unwrap()
+        .to_lowercase();
+    assert!(allowed.contains("authorization") && allowed.contains("idempotency-key"));
+    let res = s
+        .get("/v1/runs", ALICE)
+        .header("origin", "https://app.example")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(
+        res.headers()["access-control-allow-origin"],
+        "https://app.example"
+    );
+}
