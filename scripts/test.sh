@@ -42,6 +42,9 @@ step "start Docker (scripts/dockerd.sh) and build the sandbox image (scripts/doc
 scripts/dockerd.sh start
 scripts/docker-image.sh
 
+step "install chromium + chromium-driver for the page test (scripts/browser.sh)"
+scripts/browser.sh >/dev/null
+
 step "cargo test (all features)"
 cargo test --workspace --all-features 2>&1 | tee target/test-output.txt
 grep -E '^test result:' target/test-output.txt | awk '

@@ -116,6 +116,53 @@ pub trait RunStore: Send + Sync + 'static {
     fn durability(&self) -> Durability {
         Durability::Durable
     }
+
+    /// One page of `user_id`'s runs matching `filter`, newest first (ids are
+    /// time-ordered UUID v7s, so this is id order): at most `limit` runs
+    /// whose id is below `before` (the last id of the previous page) when
+    /// given. Used to list a caller's runs (e.g. `GET /v1/runs`).
+    async fn list_user_runs(
+        &self,
+        user_id: &str,
+        filter: &RunFilter,
+        before: Option<RunId>,
+        limit: usize,
+    ) -> Result<Vec<Run>, StoreError>;
+}
+
+/// Which of a user's runs [`RunStore::list_user_runs`] returns.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct RunFilter {
+    /// Only runs of this chat.
+    pub chat_id: Option<String>,
+    /// Only runs in this status.
+    pub status: Option<RunStatus>,
+}
+
+impl RunFilter {
+    /// Every run of the user.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Only runs of `chat_id`.
+    pub fn chat(mut self, chat_id: impl Into<String>) -> Self {
+        self.chat_id = Some(chat_id.into());
+        self
+    }
+
+    /// Only runs in `status`.
+    pub fn status(mut self, status: RunStatus) -> Self {
+        self.status = Some(status);
+        self
+    }
+
+    /// Whether `run` passes the filter (the user is checked separately).
+    pub fn matches(&self, run: &Run) -> bool {
+        self.chat_id.as_ref().is_none_or(|c| *c == run.chat_id)
+            && self.status.is_none_or(|s| s == run.status)
+    }
 }
 
 // ---------------------------------------------------------------- RunQueue
