@@ -15,6 +15,10 @@ use futures::StreamExt;
 use serde_json::{Value, json};
 use server_process::{Server, start};
 
+/// The tests share one database and its queue: a worker started by one test
+/// would claim the other's runs, so they take turns.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 fn database_url() -> String {
     std::env::var("EDWARD_TEST_DATABASE_URL").expect(
         "EDWARD_TEST_DATABASE_URL is not set: run scripts/test.sh (it starts Postgres), \
@@ -47,6 +51,7 @@ async fn start_pg(dir: &std::path::Path, user: &str, key: &str, extra: &[&str]) 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_thousand_concurrent_submits_across_three_processes_admit_exactly_the_limit() {
     const LIMIT: usize = 37;
+    let _serial = SERIAL.lock().await;
     let dir = tempfile::tempdir().unwrap();
     let user = unique("user");
     let key = unique("key");
@@ -127,6 +132,7 @@ async fn a_thousand_concurrent_submits_across_three_processes_admit_exactly_the_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn events_from_a_worker_in_one_process_stream_to_a_client_of_another() {
+    let _serial = SERIAL.lock().await;
     let dir = tempfile::tempdir().unwrap();
     let user = unique("user");
     let key = unique("key");
