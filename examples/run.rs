@@ -3,7 +3,9 @@
 //! when built with the `postgres` feature), a local sandbox under
 //! `./edward-data/sandboxes` (or `--dir`), and the scripted demo model
 //! (`EDWARD_MODEL=openai:gpt-4o-mini`, `anthropic:…` or `gemini:…` picks a real
-//! provider; see docs/PROVIDERS.md).
+//! provider; see docs/PROVIDERS.md). With the `redis` feature,
+//! `EDWARD_REDIS_URL=redis://…` takes the queue, write buffer and notifier
+//! from Redis (runs stay in SQLite or Postgres; see docs/REDIS.md).
 //! A run interrupted by a crash is resumed by the next invocation's worker.
 //!
 //! ```text
@@ -68,6 +70,9 @@ struct Cli {
     /// truncated; after the last one the model says `<edward_done/>`.
     #[arg(long = "replay", value_name = "FILE")]
     replay: Vec<PathBuf>,
+    /// A `redis://` URL: queue, write buffer and notifier from Redis.
+    #[arg(long, env = "EDWARD_REDIS_URL")]
+    redis_url: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -92,9 +97,14 @@ async fn build_backends(cli: &Cli) -> Result<Backends, Box<dyn std::error::Error
         SandboxKind::Docker => docker_provider(cli).await?,
     };
     let backend = open_backend(cli).await?;
+    let (backend, redis_write_buffer) = with_redis(cli, backend).await?;
     let builder = Engine::builder()
         .backend(backend)
         .sandbox_provider(provider.clone());
+    let builder = match redis_write_buffer {
+        Some(w) => builder.write_buffer(w),
+        None => builder,
+    };
     let engine = if cli.replay.is_empty() {
         with_model_from_env(builder)?.build()?
     } else {
@@ -148,6 +158,31 @@ fn with_model_from_env(
         return Err("EDWARD_MODEL is set but this build has no model provider features".into());
     }
     Ok(builder)
+}
+
+/// `EDWARD_REDIS_URL` replaces the queue (with recovery from the store after
+/// Redis loses its data), the notifier and the write buffer.
+async fn with_redis(
+    cli: &Cli,
+    backend: Backend,
+) -> Result<(Backend, Option<Arc<dyn edward::spi::WriteBuffer>>), Box<dyn std::error::Error>> {
+    let Some(url) = cli.redis_url.as_deref().filter(|u| !u.is_empty()) else {
+        return Ok((backend, None));
+    };
+    #[cfg(feature = "redis")]
+    {
+        let redis = edward::store::RedisBackend::connect(url).await?;
+        let store = backend.store().clone();
+        let backend = backend
+            .with_queue(Arc::new(redis.queue_with_recovery(store)))
+            .with_notifier(Arc::new(redis.notifier().await?));
+        Ok((backend, Some(Arc::new(redis.write_buffer()))))
+    }
+    #[cfg(not(feature = "redis"))]
+    {
+        let _ = backend;
+        Err(format!("{url:.8}…: built without the `redis` feature").into())
+    }
 }
 
 /// Postgres when a URL is given, else the SQLite file.

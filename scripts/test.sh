@@ -30,13 +30,20 @@ if cargo tree -p edward --no-default-features -e normal --prefix none | grep -qE
 fi
 
 step "start PostgreSQL (scripts/pg.sh)"
-trap 'scripts/pg.sh stop; scripts/dockerd.sh stop' EXIT
+trap 'scripts/pg.sh stop; scripts/redis.sh stop; scripts/dockerd.sh stop' EXIT
 EDWARD_TEST_DATABASE_URL="$(scripts/pg.sh start)"
 export EDWARD_TEST_DATABASE_URL
+
+step "start Redis (scripts/redis.sh)"
+EDWARD_TEST_REDIS_URL="$(scripts/redis.sh start)"
+export EDWARD_TEST_REDIS_URL
 
 step "start Docker (scripts/dockerd.sh) and build the sandbox image (scripts/docker-image.sh)"
 scripts/dockerd.sh start
 scripts/docker-image.sh
+
+step "install chromium + chromium-driver for the page test (scripts/browser.sh)"
+scripts/browser.sh >/dev/null
 
 step "cargo test (all features)"
 cargo test --workspace --all-features 2>&1 | tee target/test-output.txt

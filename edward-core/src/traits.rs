@@ -116,6 +116,53 @@ pub trait RunStore: Send + Sync + 'static {
     fn durability(&self) -> Durability {
         Durability::Durable
     }
+
+    /// One page of `user_id`'s runs matching `filter`, newest first (ids are
+    /// time-ordered UUID v7s, so this is id order): at most `limit` runs
+    /// whose id is below `before` (the last id of the previous page) when
+    /// given. Used to list a caller's runs (e.g. `GET /v1/runs`).
+    async fn list_user_runs(
+        &self,
+        user_id: &str,
+        filter: &RunFilter,
+        before: Option<RunId>,
+        limit: usize,
+    ) -> Result<Vec<Run>, StoreError>;
+}
+
+/// Which of a user's runs [`RunStore::list_user_runs`] returns.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct RunFilter {
+    /// Only runs of this chat.
+    pub chat_id: Option<String>,
+    /// Only runs in this status.
+    pub status: Option<RunStatus>,
+}
+
+impl RunFilter {
+    /// Every run of the user.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Only runs of `chat_id`.
+    pub fn chat(mut self, chat_id: impl Into<String>) -> Self {
+        self.chat_id = Some(chat_id.into());
+        self
+    }
+
+    /// Only runs in `status`.
+    pub fn status(mut self, status: RunStatus) -> Self {
+        self.status = Some(status);
+        self
+    }
+
+    /// Whether `run` passes the filter (the user is checked separately).
+    pub fn matches(&self, run: &Run) -> bool {
+        self.chat_id.as_ref().is_none_or(|c| *c == run.chat_id)
+            && self.status.is_none_or(|s| s == run.status)
+    }
 }
 
 // ---------------------------------------------------------------- RunQueue
@@ -346,8 +393,18 @@ pub trait WriteBuffer: Send + Sync + 'static {
     async fn due(&self, now: DateTime<Utc>, limit: usize) -> Result<Vec<SandboxKey>, InfraError>;
 
     /// Atomically remove and return everything pending for `key` (and its
-    /// index entry). A failed flush puts the files back.
+    /// index entry). A failed flush puts the files back with [`WriteBuffer::put_back`].
     async fn take(&self, key: &SandboxKey) -> Result<Vec<PendingFile>, InfraError>;
+
+    /// Put back files a failed flush took: like [`WriteBuffer::put`], except
+    /// that a path written since the take keeps its newer content.
+    async fn put_back(
+        &self,
+        key: &SandboxKey,
+        files: Vec<PendingFile>,
+        now: DateTime<Utc>,
+        policy: FlushPolicy,
+    ) -> Result<(), InfraError>;
 }
 
 // ---------------------------------------------------------------- Notifier
@@ -381,6 +438,11 @@ pub struct LockGuard {
     pub owner: String,
     /// Unique per acquisition; release/renew compare it.
     pub token: String,
+    /// Fencing token: greater than the fence of every earlier acquisition
+    /// of any lock by the same backend, so a downstream system can refuse
+    /// a holder whose lease lapsed during a pause (it presents an older fence).
+    #[serde(default)]
+    pub fence: u64,
 }
 
 /// Owner-checked lease lock with renewal.

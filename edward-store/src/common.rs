@@ -231,6 +231,24 @@ pub(crate) fn checkpoint_from_columns(
     }
 }
 
+/// A broadcast receiver as a stream; a lagging receiver skips what it
+/// missed (hints only), and the stream ends when the notifier is dropped.
+pub(crate) fn broadcast_stream<T: Clone + Send + 'static>(
+    rx: tokio::sync::broadcast::Receiver<T>,
+) -> impl futures::Stream<Item = T> + Send + 'static {
+    futures::stream::unfold(rx, |mut rx| async move {
+        loop {
+            match rx.recv().await {
+                Ok(item) => return Some((item, rx)),
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                    tracing::debug!(skipped = n, "notification subscriber lagged");
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+            }
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,20 +9,29 @@
 //!   claims, fences from a sequence, advisory-lock admission and
 //!   `LISTEN`/`NOTIFY` wake-ups.
 //!
+//! - [`RedisBackend`] (feature `redis`): one Redis connection that makes
+//!   [`RedisWriteBuffer`], [`RedisLock`], [`RedisNotifier`] and
+//!   [`RedisQueue`] — the hot paths of a multi-process deployment, with
+//!   runs kept in SQLite or Postgres.
+//!
 //! Migrations are embedded (`migrations/sqlite`, `migrations/postgres`) and
 //! run on connect unless [`StoreOptions::migrate`] is turned off.
 //!
-//! **Architecture invariant:** this crate is the only one that knows SQL.
+//! **Architecture invariant:** this crate is the only one that knows SQL and Redis.
 //! **API boundary:** everything public here is a constructor or an options
 //! type; behaviour is the trait contract of `edward-core`.
 #![deny(missing_docs)]
 
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "redis"))]
+#[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
 mod common;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "redis"))]
+#[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
 mod error;
 #[cfg(feature = "postgres")]
 mod postgres;
+#[cfg(feature = "redis")]
+mod redis;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 
@@ -32,5 +41,10 @@ pub use common::StoreOptions;
 pub use error::ConnectError;
 #[cfg(feature = "postgres")]
 pub use postgres::{PgLock, PgNotifier, PgOptions, PgQueue, PgStore, migrate as migrate_postgres};
+#[cfg(feature = "redis")]
+pub use redis::{
+    RedisBackend, RedisConnectError, RedisLock, RedisNotifier, RedisOptions, RedisQueue,
+    RedisWriteBuffer,
+};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStore;

@@ -20,8 +20,8 @@ use edward_core::engine::Backend;
 use edward_core::memory::MemoryNotifier;
 use edward_core::{
     AdmissionError, AdmissionLimits, AdmitError, Checkpoint, DeadLetter, EffectRecord, Fence,
-    Lease, NewEvent, NewRun, QueueError, RetryOutcome, RetryPolicy, Run, RunEvent, RunId, RunQueue,
-    RunStatus, RunStore, StoreError,
+    Lease, NewEvent, NewRun, QueueError, RetryOutcome, RetryPolicy, Run, RunEvent, RunFilter,
+    RunId, RunQueue, RunStatus, RunStore, StoreError,
 };
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
@@ -757,6 +757,35 @@ impl RunStore for SqliteStore {
             "SELECT {RUN_COLUMNS} FROM runs WHERE status = ? ORDER BY created_at, id LIMIT ?"
         ))
         .bind(status.as_str())
+        .bind(limit)
+        .fetch_all(&self.reader)
+        .await
+        .map_err(store_err)?;
+        rows.iter().map(run_from_row).collect()
+    }
+
+    async fn list_user_runs(
+        &self,
+        user_id: &str,
+        filter: &RunFilter,
+        before: Option<RunId>,
+        limit: usize,
+    ) -> Result<Vec<Run>, StoreError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let chat = filter.chat_id.as_deref();
+        let status = filter.status.map(RunStatus::as_str);
+        let before = before.map(|id| id.0);
+        let rows = sqlx::query(&format!(
+            "SELECT {RUN_COLUMNS} FROM runs WHERE user_id = ? AND (? IS NULL OR chat_id = ?) AND (? IS NULL OR status = ?) \
+             AND (? IS NULL OR id < ?) ORDER BY id DESC LIMIT ?"
+        ))
+        .bind(user_id)
+        .bind(chat)
+        .bind(chat)
+        .bind(status)
+        .bind(status)
+        .bind(before)
+        .bind(before)
         .bind(limit)
         .fetch_all(&self.reader)
         .await

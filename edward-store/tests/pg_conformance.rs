@@ -66,6 +66,7 @@ checks! { pg_store as RunStore:
     store_unknown_run => run_store::check_unknown_run, r#ref;
     store_list_runs_by_status => run_store::check_list_runs_by_status, r#ref;
     store_request_cancel_idempotent => run_store::check_request_cancel_idempotent, r#ref;
+    store_list_user_runs => run_store::check_list_user_runs, r#ref;
     store_run_all => run_store::run_all, arc;
 }
 

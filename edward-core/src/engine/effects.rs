@@ -217,7 +217,7 @@ impl FlushTarget {
             Err(e) if e.is_retryable() => {
                 tracing::warn!(run_id = %self.run_id, error = %e, "flush failed; files put back");
                 self.buffer
-                    .put(self.slot.key(), files, Utc::now(), self.policy)
+                    .put_back(self.slot.key(), files, Utc::now(), self.policy)
                     .await?;
                 self.note_put(self.policy);
                 Ok(())

@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -15,9 +16,23 @@ use crate::traits::{Lock, LockGuard};
 /// An in-memory [`Lock`]: each acquisition gets a fresh UUID token; a lock
 /// whose ttl passed is free (and its old guard can neither renew nor
 /// release it), like a Redis key with a PX expiry.
-#[derive(Debug, Default)]
+///
+/// Fencing tokens come from one counter that starts at the wall clock in
+/// microseconds, so a restarted process never hands out an older fence.
+#[derive(Debug)]
 pub struct MemoryLock {
     held: Mutex<HashMap<String, Held>>,
+    next_fence: AtomicU64,
+}
+
+impl Default for MemoryLock {
+    fn default() -> Self {
+        let start = u64::try_from(Utc::now().timestamp_micros()).unwrap_or(0);
+        MemoryLock {
+            held: Mutex::new(HashMap::new()),
+            next_fence: AtomicU64::new(start.max(1)),
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -60,10 +75,12 @@ impl Lock for MemoryLock {
                 expires_at: add_duration(now, ttl),
             },
         );
+        let fence = self.next_fence.fetch_add(1, Ordering::Relaxed);
         Ok(Some(LockGuard {
             name: name.to_owned(),
             owner: owner.to_owned(),
             token,
+            fence,
         }))
     }
 

@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 
 use super::lock_state;
 use crate::error::{AdmissionError, AdmitError, StoreError};
-use crate::traits::RunStore;
+use crate::traits::{RunFilter, RunStore};
 use crate::types::{
     AdmissionLimits, Checkpoint, EffectRecord, EffectState, Fence, NewEvent, NewRun, RUN_FINISHED,
     Run, RunEvent, RunId, RunStatus,
@@ -103,6 +103,8 @@ struct State {
     runs: HashMap<RunId, Entry>,
     /// `(created_at, id)` per status, for `list_runs` without a scan.
     by_status: HashMap<RunStatus, BTreeSet<(DateTime<Utc>, RunId)>>,
+    /// Run ids per user, for `list_user_runs` without a scan of every run.
+    by_user: HashMap<String, BTreeSet<RunId>>,
     active_global: u32,
     active_per_user: HashMap<String, u32>,
     active_per_chat: HashMap<String, u32>,
@@ -316,6 +318,11 @@ impl RunStore for MemoryRunStore {
         push_events(&mut entry, vec![run.first_event], now);
         let result = entry.run.clone();
 
+        state
+            .by_user
+            .entry(result.user_id.clone())
+            .or_default()
+            .insert(result.id);
         state.active_global += 1;
         *state
             .active_per_user
@@ -538,6 +545,30 @@ impl RunStore for MemoryRunStore {
             .iter()
             .take(limit)
             .filter_map(|(_, id)| state.runs.get(id).map(|e| e.run.clone()))
+            .collect())
+    }
+
+    async fn list_user_runs(
+        &self,
+        user_id: &str,
+        filter: &RunFilter,
+        before: Option<RunId>,
+        limit: usize,
+    ) -> Result<Vec<Run>, StoreError> {
+        let state = lock_state(&self.state);
+        let Some(ids) = state.by_user.get(user_id) else {
+            return Ok(Vec::new());
+        };
+        let page = match before {
+            Some(before) => ids.range(..before),
+            None => ids.range(..),
+        };
+        Ok(page
+            .rev()
+            .filter_map(|id| state.runs.get(id).map(|e| &e.run))
+            .filter(|run| filter.matches(run))
+            .take(limit)
+            .cloned()
             .collect())
     }
 }

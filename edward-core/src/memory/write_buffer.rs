@@ -41,6 +41,38 @@ impl MemoryWriteBuffer {
     pub fn new() -> Self {
         Self::default()
     }
+
+    /// Add `files`; `replace` = false keeps a path already pending (put back).
+    fn insert(
+        &self,
+        key: &SandboxKey,
+        files: Vec<PendingFile>,
+        now: DateTime<Utc>,
+        policy: FlushPolicy,
+        replace: bool,
+    ) {
+        if files.is_empty() {
+            return;
+        }
+        let mut state = lock_state(&self.state);
+        let state = &mut *state;
+        let pending = state.pending.entry(key.clone()).or_insert_with(|| Pending {
+            files: BTreeMap::new(),
+            first_at: now,
+            due: now,
+        });
+        state.index.remove(&(pending.due, key.clone()));
+        for file in files {
+            if replace {
+                pending.files.insert(file.path, file.content);
+            } else {
+                pending.files.entry(file.path).or_insert(file.content);
+            }
+        }
+        pending.due =
+            add_duration(pending.first_at, policy.max_wait).min(add_duration(now, policy.debounce));
+        state.index.insert((pending.due, key.clone()));
+    }
 }
 
 #[async_trait]
@@ -52,23 +84,18 @@ impl WriteBuffer for MemoryWriteBuffer {
         now: DateTime<Utc>,
         policy: FlushPolicy,
     ) -> Result<(), InfraError> {
-        if files.is_empty() {
-            return Ok(());
-        }
-        let mut state = lock_state(&self.state);
-        let state = &mut *state;
-        let pending = state.pending.entry(key.clone()).or_insert_with(|| Pending {
-            files: BTreeMap::new(),
-            first_at: now,
-            due: now,
-        });
-        state.index.remove(&(pending.due, key.clone()));
-        for file in files {
-            pending.files.insert(file.path, file.content);
-        }
-        pending.due =
-            add_duration(pending.first_at, policy.max_wait).min(add_duration(now, policy.debounce));
-        state.index.insert((pending.due, key.clone()));
+        self.insert(key, files, now, policy, true);
+        Ok(())
+    }
+
+    async fn put_back(
+        &self,
+        key: &SandboxKey,
+        files: Vec<PendingFile>,
+        now: DateTime<Utc>,
+        policy: FlushPolicy,
+    ) -> Result<(), InfraError> {
+        self.insert(key, files, now, policy, false);
         Ok(())
     }
 

@@ -62,6 +62,7 @@ pub async fn check_acquire_renew_release<L: Lock + ?Sized>(lock: &L) {
         .expect("acquire")
         .expect("a released lock is free");
     assert_ne!(bob.token, guard.token, "tokens are unique per acquisition");
+    assert!(bob.fence > guard.fence, "fences grow across acquisitions");
     assert!(
         !lock.release(&guard).await.expect("release"),
         "old guard, new holder"
@@ -85,6 +86,12 @@ pub async fn check_expiry<L: Lock + ?Sized>(lock: &L) {
         .await
         .expect("acquire")
         .expect("an expired lock is free");
+    assert!(
+        new.fence > old.fence,
+        "a take-over gets a greater fence ({} then {})",
+        old.fence,
+        new.fence
+    );
     assert!(
         !lock.renew(&old, TTL).await.expect("renew"),
         "expired guard"

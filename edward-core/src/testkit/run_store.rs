@@ -12,7 +12,7 @@ use serde_json::json;
 use super::{unique, within};
 use crate::{
     AdmissionError, AdmissionLimits, AdmitError, Checkpoint, EffectState, Fence, NewEvent, NewRun,
-    RUN_FINISHED, Run, RunId, RunStatus, RunStore, StoreError,
+    RUN_FINISHED, Run, RunFilter, RunId, RunStatus, RunStore, StoreError,
 };
 
 /// Limits that never reject.
@@ -1037,6 +1037,98 @@ pub async fn check_request_cancel_idempotent<S: RunStore + ?Sized>(store: &S) {
     }
 }
 
+/// `list_user_runs` lists only the user's runs, newest first; pages by the
+/// `before` cursor without gaps or repeats; filters by chat and status.
+pub async fn check_list_user_runs<S: RunStore + ?Sized>(store: &S) {
+    let user = unique("user");
+    let other = unique("user");
+    let (chat_a, chat_b) = (unique("chat"), unique("chat"));
+    let mut ids = Vec::new();
+    for i in 0..5 {
+        let chat = if i % 2 == 0 { &chat_a } else { &chat_b };
+        let run = store
+            .admit(new_run(&user, chat), NO_LIMITS)
+            .await
+            .expect("admit");
+        ids.push(run.id);
+    }
+    let foreign = store
+        .admit(new_run(&other, &chat_a), NO_LIMITS)
+        .await
+        .expect("admit");
+    store
+        .finish_run(
+            ids[0],
+            None,
+            RunStatus::Completed,
+            "done",
+            vec![finished_event(RunStatus::Completed)],
+        )
+        .await
+        .expect("finish");
+
+    let list = |filter: RunFilter, before: Option<RunId>, limit: usize| {
+        let user = user.clone();
+        async move {
+            store
+                .list_user_runs(&user, &filter, before, limit)
+                .await
+                .expect("list_user_runs")
+                .into_iter()
+                .map(|r| {
+                    assert_eq!(r.user_id, user, "only the user's runs");
+                    r.id
+                })
+                .collect::<Vec<_>>()
+        }
+    };
+    let newest_first: Vec<RunId> = ids.iter().rev().copied().collect();
+    assert_eq!(list(RunFilter::new(), None, 100).await, newest_first);
+    assert!(!newest_first.contains(&foreign.id));
+
+    let mut paged = Vec::new();
+    let mut cursor = None;
+    loop {
+        let page = list(RunFilter::new(), cursor, 2).await;
+        assert!(page.len() <= 2, "limit is honoured");
+        let Some(&last) = page.last() else { break };
+        cursor = Some(last);
+        paged.extend(page);
+    }
+    assert_eq!(paged, newest_first, "pages have no gap and no repeat");
+
+    let in_a = list(RunFilter::new().chat(chat_a.clone()), None, 100).await;
+    assert_eq!(in_a, vec![ids[4], ids[2], ids[0]]);
+    let completed = list(RunFilter::new().status(RunStatus::Completed), None, 100).await;
+    assert_eq!(completed, vec![ids[0]]);
+    let queued_a = list(
+        RunFilter::new()
+            .chat(chat_a.clone())
+            .status(RunStatus::Queued),
+        None,
+        100,
+    )
+    .await;
+    assert_eq!(queued_a, vec![ids[4], ids[2]]);
+    assert_eq!(
+        list(RunFilter::new().chat(chat_a.clone()), Some(ids[4]), 1).await,
+        vec![ids[2]],
+        "the cursor and the filter combine"
+    );
+    assert!(list(RunFilter::new(), None, 0).await.is_empty());
+    assert!(
+        store
+            .list_user_runs(&unique("user"), &RunFilter::new(), None, 10)
+            .await
+            .expect("list")
+            .is_empty()
+    );
+
+    let mut all = ids.clone();
+    all.push(foreign.id);
+    cleanup(store, &all).await;
+}
+
 /// Every check of this suite.
 pub async fn run_all(store: Arc<dyn RunStore>) {
     check_request_cancel_idempotent(&*store).await;
@@ -1055,4 +1147,5 @@ pub async fn run_all(store: Arc<dyn RunStore>) {
     check_effects(&*store).await;
     check_unknown_run(&*store).await;
     check_list_runs_by_status(&*store).await;
+    check_list_user_runs(&*store).await;
 }

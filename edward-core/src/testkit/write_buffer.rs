@@ -223,6 +223,38 @@ pub async fn check_keys_isolated<W: WriteBuffer + ?Sized>(buffer: &W) {
     assert_eq!(taken_b, vec![file("same.txt", "for b")]);
 }
 
+/// A failed flush puts its files back without overwriting writes made
+/// since the take, and the sandbox is due again.
+pub async fn check_put_back_keeps_newer_writes<W: WriteBuffer + ?Sized>(buffer: &W) {
+    let key = fresh_key();
+    let t0 = base_time();
+    buffer
+        .put(
+            &key,
+            vec![file("a", "old a"), file("b", "old b")],
+            t0,
+            POLICY,
+        )
+        .await
+        .expect("put");
+    let taken = buffer.take(&key).await.expect("take");
+    buffer
+        .put(&key, vec![file("a", "new a")], ms(t0, 10), POLICY)
+        .await
+        .expect("put");
+    buffer
+        .put_back(&key, taken, ms(t0, 20), POLICY)
+        .await
+        .expect("put_back");
+    assert!(is_due(buffer, &key, ms(t0, 1_000)).await, "due again");
+    let expected: BTreeMap<String, Bytes> = [
+        ("a".to_owned(), Bytes::from_static(b"new a")),
+        ("b".to_owned(), Bytes::from_static(b"old b")),
+    ]
+    .into();
+    assert_eq!(as_map(buffer.take(&key).await.expect("take")), expected);
+}
+
 /// Every check of this suite.
 pub async fn run_all(buffer: Arc<dyn WriteBuffer>) {
     check_put_take_whole_files(&*buffer).await;
@@ -230,4 +262,5 @@ pub async fn run_all(buffer: Arc<dyn WriteBuffer>) {
     check_due_order_and_limit(&*buffer).await;
     check_take_removes_index_entry(&*buffer).await;
     check_keys_isolated(&*buffer).await;
+    check_put_back_keeps_newer_writes(&*buffer).await;
 }

@@ -5,6 +5,7 @@
 //! racing acquirers are serialised by the row lock and exactly one wins;
 //! renew and release compare the token and refuse an expired guard, so a
 //! holder that lost its lease can never extend or drop the next holder's.
+//! Fencing tokens come from `edward_fence_seq`, the queue's fence sequence.
 //! (A table rather than `pg_advisory_lock`: advisory locks belong to a
 //! session, which a pooled connection cannot keep for a lease's lifetime.)
 
@@ -12,6 +13,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use edward_core::{InfraError, Lock, LockGuard};
+use sqlx::Row;
 use sqlx::postgres::PgPool;
 use uuid::Uuid;
 
@@ -46,7 +48,7 @@ impl Lock for PgLock {
              ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, token = excluded.token, \
                expires_at = excluded.expires_at \
              WHERE edward_locks.expires_at <= now() \
-             RETURNING token",
+             RETURNING nextval('edward_fence_seq') AS fence",
         )
         .bind(name)
         .bind(owner)
@@ -55,10 +57,18 @@ impl Lock for PgLock {
         .fetch_optional(&self.pool)
         .await
         .map_err(infra_err)?;
-        Ok(won.map(|_| LockGuard {
+        let Some(row) = won else {
+            return Ok(None);
+        };
+        let fence: i64 = row.try_get("fence").map_err(infra_err)?;
+        Ok(Some(LockGuard {
             name: name.to_owned(),
             owner: owner.to_owned(),
             token,
+            fence: u64::try_from(fence).map_err(|_| InfraError::Backend {
+                message: format!("negative lock fence {fence}"),
+                retryable: false,
+            })?,
         }))
     }
 

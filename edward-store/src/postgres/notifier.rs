@@ -19,6 +19,7 @@ use sqlx::postgres::{PgListener, PgPool, PgPoolOptions};
 use tokio::sync::broadcast;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
+use crate::common::broadcast_stream;
 use crate::error::{ConnectError, infra_err};
 
 const FANOUT_CAPACITY: usize = 1024;
@@ -179,24 +180,6 @@ impl Notifier for PgNotifier {
     async fn subscribe_cancels(&self) -> Result<BoxStream<'static, RunId>, InfraError> {
         Ok(broadcast_stream(self.inner.cancels.subscribe()).boxed())
     }
-}
-
-/// A broadcast receiver as a stream; a lagging receiver skips what it
-/// missed (hints only), and the stream ends when the notifier is dropped.
-fn broadcast_stream<T: Clone + Send + 'static>(
-    rx: broadcast::Receiver<T>,
-) -> impl futures::Stream<Item = T> + Send + 'static {
-    futures::stream::unfold(rx, |mut rx| async move {
-        loop {
-            match rx.recv().await {
-                Ok(item) => return Some((item, rx)),
-                Err(broadcast::error::RecvError::Lagged(n)) => {
-                    tracing::debug!(skipped = n, "notification subscriber lagged");
-                }
-                Err(broadcast::error::RecvError::Closed) => return None,
-            }
-        }
-    })
 }
 
 #[cfg(test)]

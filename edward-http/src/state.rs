@@ -1,0 +1,37 @@
+//! Shared state of the router.
+
+use std::ops::Deref;
+use std::sync::Arc;
+
+use edward_core::engine::Engine;
+use tokio_util::sync::CancellationToken;
+
+use crate::auth::ApiKeys;
+use crate::config::HttpConfig;
+use crate::files::RunFiles;
+use crate::idempotency::Idempotency;
+use crate::limit::Limiter;
+use crate::metrics::Metrics;
+
+pub(crate) struct Inner {
+    pub(crate) engine: Engine,
+    pub(crate) keys: ApiKeys,
+    pub(crate) config: HttpConfig,
+    pub(crate) files: RunFiles,
+    pub(crate) idempotency: Idempotency,
+    pub(crate) metrics: Metrics,
+    pub(crate) limiter: Limiter,
+    /// Fired on shutdown: open streams end with a `reconnect` event.
+    pub(crate) shutdown: CancellationToken,
+    pub(crate) webhooks: Option<Arc<crate::webhooks::Webhooks>>,
+}
+
+#[derive(Clone)]
+pub(crate) struct AppState(pub(crate) Arc<Inner>);
+
+impl Deref for AppState {
+    type Target = Inner;
+    fn deref(&self) -> &Inner {
+        &self.0
+    }
+}
