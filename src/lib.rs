@@ -79,9 +79,9 @@ pub mod spi {
         AdmitError, Checkpoint, DeadLetter, EffectRecord, EffectState, ExecOutput, ExecRequest,
         Fence, FileWrite, FinishReason, FlushPolicy, InfraError, Lease, Lock, LockGuard, Message,
         ModelChunk, ModelClient, ModelRequest, ModelStream, NewEvent, NewRun, Notifier,
-        PendingFile, QueueError, RUN_FINISHED, RetryOutcome, RetryPolicy, Role, RunQueue, RunStore,
-        Sandbox, SandboxKey, SandboxPath, SandboxProvider, SandboxSpec, SearchResult, WebSearch,
-        WriteBuffer,
+        PendingFile, QueueError, RUN_FINISHED, RetryOutcome, RetryPolicy, Role, RunFilter,
+        RunQueue, RunStore, Sandbox, SandboxKey, SandboxPath, SandboxProvider, SandboxSpec,
+        SearchResult, WebSearch, WriteBuffer,
     };
     /// Stream constructors (`stream::iter`, `stream::unfold`, …) for building a
     /// [`ModelStream`] or a notifier's `BoxStream`.

@@ -98,6 +98,18 @@ impl RunStore for FailingCheckpoints {
     ) -> Result<(), StoreError> {
         self.inner.complete_effect(run_id, fence, key, result).await
     }
+    async fn list_user_runs(
+        &self,
+        user_id: &str,
+        filter: &edward::spi::RunFilter,
+        before: Option<RunId>,
+        limit: usize,
+    ) -> Result<Vec<Run>, StoreError> {
+        self.inner
+            .list_user_runs(user_id, filter, before, limit)
+            .await
+    }
+
     fn durability(&self) -> edward::Durability {
         self.inner.durability()
     }

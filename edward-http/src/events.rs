@@ -176,7 +176,7 @@ async fn long_poll(
     let store = state.engine.store();
     let mut out = store.events_after(run_id, after, LONG_POLL_MAX).await?;
     if out.is_empty() && !wait.is_zero() {
-        let mut tail = (state.engine.raw_events(run_id, after));
+        let mut tail = state.engine.raw_events(run_id, after);
         let first = tokio::select! {
             r = tokio::time::timeout(wait, tail.next()) => r.ok().flatten(),
             _ = state.shutdown.cancelled() => None,

@@ -12,9 +12,7 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use edward_core::engine::Engine;
-use edward_core::{
-    FileEntry, Run, RunId, RunStore, Sandbox, SandboxPath, SandboxProvider, SandboxSpec,
-};
+use edward_core::{FileEntry, Run, RunId, RunStore, Sandbox, SandboxPath, SandboxProvider};
 
 use crate::error::ApiError;
 

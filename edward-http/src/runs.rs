@@ -11,7 +11,6 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use edward_core::engine::{CancelOutcome, RunRequest};
 use edward_core::{Run, RunFilter, RunId, RunStatus, SandboxPath};
-use futures::StreamExt;
 
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorBody, ErrorCode};
@@ -270,7 +269,7 @@ pub(crate) async fn cancel(
 
 /// Wait (at most `max`) until the run's terminal event exists.
 async fn wait_finished(state: &AppState, run: &Run, max: Duration) -> Result<(), ApiError> {
-    let mut events = (state.engine.raw_events(run.id, run.last_seq));
+    let mut events = state.engine.raw_events(run.id, run.last_seq);
     let until_terminal = async {
         while let Some(e) = events.next().await {
             if e?.is_terminal() {

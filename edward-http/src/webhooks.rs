@@ -25,7 +25,6 @@ use base64::engine::general_purpose::STANDARD as B64;
 use chrono::{DateTime, Utc};
 use edward_core::engine::Engine;
 use edward_core::{RunEvent, RunId};
-use futures::StreamExt;
 use hmac::{Hmac, Mac};
 use serde::Serialize;
 use sha2::Sha256;
@@ -244,7 +243,7 @@ impl Webhooks {
     pub(crate) fn watch(self: &Arc<Self>, run_id: RunId) {
         let this = self.clone();
         tokio::spawn(async move {
-            let mut events = (this.engine.raw_events(run_id, 0));
+            let mut events = this.engine.raw_events(run_id, 0);
             loop {
                 let next = tokio::select! {
                     e = events.next() => e,

@@ -406,5 +406,5 @@ async fn wiped_mid_run(while_pending: bool) {
     .await;
     rig::assert_completed_cleanly(&*store, next, &sandboxes, false).await;
     stop.cancel();
-    worker.await.expect("worker");
+    worker.await.expect("worker").expect("worker config");
 }

@@ -234,11 +234,8 @@ async fn fifty_cancels_reach_other_processes() {
     let dir = tempfile::tempdir().expect("tempdir");
     let sandboxes = dir.path().join("sandboxes");
     let setup = fresh_setup(true);
-    // The parent never forces a cancel: the worker must end the run.
-    let config = EngineConfig {
-        cancel_grace: Duration::from_secs(600),
-        ..EngineConfig::default()
-    };
+    // The parent never finishes a running run itself: the worker must end it.
+    let config = EngineConfig::default();
     let (engine, store) = setup.engine(sandboxes.clone(), config).await;
     let mut workers = Workers(Vec::new());
     for id in ["c0", "c1"] {

@@ -92,7 +92,10 @@ impl TestServer {
             let token = CancellationToken::new();
             let cfg = WorkerConfig::new(token.clone()).with_concurrency(8);
             let engine = engine.clone();
-            (token, tokio::spawn(async move { engine.worker(cfg).await.expect("worker config") }))
+            (
+                token,
+                tokio::spawn(async move { engine.worker(cfg).await.expect("worker config") }),
+            )
         });
         TestServer {
             base,
@@ -161,7 +164,7 @@ impl TestServer {
 
     /// Wait (bounded) for the run to be terminal, through the engine.
     pub async fn wait_finished(&self, id: RunId) -> edward_core::Run {
-        let mut events = (self.engine.raw_events(id, 0));
+        let mut events = self.engine.raw_events(id, 0);
         tokio::time::timeout(Duration::from_secs(30), async {
             while let Some(e) = events.next().await {
                 if e.expect("event").is_terminal() {
