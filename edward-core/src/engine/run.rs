@@ -217,6 +217,7 @@ pub(crate) async fn execute(
             registry,
             lost: lost.clone(),
             turns_started: std::sync::atomic::AtomicU32::new(0),
+            client: std::sync::OnceLock::new(),
         };
         let driven = async {
             let end = ctx.drive(run, &lease, &worker_id).await;
@@ -243,9 +244,15 @@ struct RunCtx {
     /// The newest turn whose `turn_started` this attempt emitted: a turn cut
     /// short (cancel, budget, error) still counts in `run_finished.turns`.
     turns_started: std::sync::atomic::AtomicU32,
+    /// This run's client when a registry routes runs (set once in `drive`).
+    client: std::sync::OnceLock<Arc<dyn crate::ModelClient>>,
 }
 
 impl RunCtx {
+    fn model_client(&self) -> &Arc<dyn crate::ModelClient> {
+        self.client.get().unwrap_or(&self.inner.model)
+    }
+
     async fn drive(&self, run: crate::Run, lease: &Lease, worker_id: &str) -> AttemptEnd {
         let request: RunRequest = match serde_json::from_value(run.request.clone()) {
             Ok(r) => r,
@@ -265,6 +272,24 @@ impl RunCtx {
             .clone()
             .unwrap_or_else(|| self.inner.default_model.clone());
         let budgets = request.budgets.unwrap_or(self.inner.budgets);
+        match super::routing::client_for_run(&self.inner, &run, &request).await {
+            Ok(client) => {
+                if let Some(client) = client {
+                    let _ = self.client.set(client);
+                }
+            }
+            Err(f) if f.retryable => return AttemptEnd::Retry(f.reason),
+            Err(f) => {
+                return self
+                    .finish(
+                        RunStatus::Failed,
+                        &f.reason,
+                        &BudgetState::default(),
+                        Utc::now(),
+                    )
+                    .await;
+            }
+        }
         if run.cancel_requested_at.is_some() {
             // Cancelled before this worker claimed it (or while it was
             // between workers): the first stop check ends it `cancelled`.
@@ -327,7 +352,7 @@ impl RunCtx {
                             attempt: lease.attempt,
                             fence: self.fence.0,
                             model: model.clone(),
-                            provider: self.inner.model.provider().to_string(),
+                            provider: self.model_client().provider().to_string(),
                         })
                         .await;
                 }
@@ -435,7 +460,7 @@ impl RunCtx {
                 budgets,
                 &state.budget,
                 self.inner.prices.get(model),
-                self.inner.model.estimate_input_tokens(&ModelRequest {
+                self.model_client().estimate_input_tokens(&ModelRequest {
                     model: model.to_string(),
                     system: SYSTEM_PROMPT.to_string(),
                     messages: state.messages.clone(),
@@ -458,8 +483,8 @@ impl RunCtx {
             };
             // Pre-call checks: the estimated input must fit the model's
             // context window and the remaining budgets.
-            let est_input = self.inner.model.estimate_input_tokens(&request);
-            if let Some(window) = self.inner.model.context_window(model) {
+            let est_input = self.model_client().estimate_input_tokens(&request);
+            if let Some(window) = self.model_client().context_window(model) {
                 if est_input >= window {
                     return self
                         .finish(
@@ -771,7 +796,7 @@ impl RunCtx {
             budgets,
             &state.budget,
             self.inner.prices.get(&request.model),
-            self.inner.model.estimate_input_tokens(&request),
+            self.model_client().estimate_input_tokens(&request),
         );
         let stream_side = self.stream(turn, request, tx, out_budget);
         let effect_side = effects.handle(rx);
@@ -802,7 +827,7 @@ impl RunCtx {
         let token = self.control.token.clone();
         // A client that retries internally (the HTTP providers) is not
         // retried again here, or attempts would multiply.
-        let max_attempts = if self.inner.model.retries_internally() {
+        let max_attempts = if self.model_client().retries_internally() {
             1
         } else {
             self.inner.config.model_attempts
@@ -811,7 +836,7 @@ impl RunCtx {
         let mut stream = loop {
             attempt += 1;
             let opened = token
-                .run_until_cancelled(self.inner.model.stream(request.clone(), token.clone()))
+                .run_until_cancelled(self.model_client().stream(request.clone(), token.clone()))
                 .await;
             match opened {
                 None => return Err(TurnError::Stopped),
