@@ -220,6 +220,13 @@ impl Engine {
         let Some(resolver) = &self.inner.resolver else {
             return Ok(None);
         };
+        // Ids first: routing looks the user's credentials up.
+        super::config::check_id("user_id", &req.user_id).map_err(|(f, r)| {
+            SubmitError::Invalid {
+                field: f.to_string(),
+                reason: r,
+            }
+        })?;
         let route = resolver
             .route(
                 &req.user_id,

@@ -650,7 +650,14 @@ impl ModelClient for RoutedClient {
     }
 
     fn estimate_input_tokens(&self, request: &ModelRequest) -> u64 {
-        self.inner.estimate_input_tokens(request)
+        // Tokenizers are chosen by the bare model name.
+        let bare = self.bare(&request.model);
+        if bare.len() == request.model.len() {
+            return self.inner.estimate_input_tokens(request);
+        }
+        let mut request = request.clone();
+        request.model = bare.to_string();
+        self.inner.estimate_input_tokens(&request)
     }
 
     fn context_window(&self, model: &str) -> Option<u64> {
@@ -659,5 +666,121 @@ impl ModelClient for RoutedClient {
 
     fn retries_internally(&self) -> bool {
         self.inner.retries_internally()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::MemoryCredentialStore;
+
+    fn vault(keys: MasterKeys) -> CredentialVault {
+        CredentialVault::new(Arc::new(MemoryCredentialStore::new()), keys)
+    }
+
+    fn new_cred(user: &str, key: &str) -> NewCredential {
+        NewCredential {
+            user_id: user.into(),
+            provider: "openai".into(),
+            name: "main".into(),
+            key: ApiKey::new(key),
+            base_url: None,
+            is_default: true,
+        }
+    }
+
+    #[test]
+    fn master_keys_parse_and_never_print() {
+        let hex1 = "11".repeat(32);
+        let hex2 = "AB".repeat(32);
+        let k = MasterKeys::parse(&format!("k2={hex2}, k1={hex1}")).unwrap();
+        assert_eq!(k.current_id(), "k2");
+        let dbg = format!("{k:?}");
+        assert!(
+            dbg.contains("k1") && !dbg.to_lowercase().contains("abab"),
+            "{dbg}"
+        );
+        for bad in [
+            "",
+            "k1",
+            "k1=zz",
+            &format!("={hex1}"),
+            &format!("k1={hex1}00"),
+        ] {
+            assert!(
+                matches!(
+                    MasterKeys::parse(bad),
+                    Err(RegistryError::InvalidMasterKey { .. })
+                ),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn ciphertext_is_bound_to_its_row_and_nonces_differ() {
+        let v = vault(MasterKeys::new("k1", [5; 32]));
+        let a = v.encrypt(&new_cred("alice", "sk-secret-aaaaaaaa")).unwrap();
+        let b = v.encrypt(&new_cred("alice", "sk-secret-aaaaaaaa")).unwrap();
+        assert_ne!(a.nonce, b.nonce);
+        assert_ne!(a.ciphertext, b.ciphertext);
+        assert!(!String::from_utf8_lossy(&a.ciphertext).contains("sk-secret"));
+        assert_eq!(v.decrypt(&a).unwrap(), ApiKey::new("sk-secret-aaaaaaaa"));
+        // Moved to another user's row: no longer decrypts.
+        let mut moved = a.clone();
+        moved.user_id = "mallory".into();
+        assert!(matches!(
+            v.decrypt(&moved),
+            Err(RouteError::Decryption { .. })
+        ));
+        let mut tampered = a.clone();
+        tampered.ciphertext[0] ^= 1;
+        assert!(matches!(
+            v.decrypt(&tampered),
+            Err(RouteError::Decryption { .. })
+        ));
+    }
+
+    #[test]
+    fn mismatch_unknown_and_bare_names() {
+        let r = ProviderRegistry::builder()
+            .provider(ProviderConfig::openai().model("gpt-4o-mini"))
+            .provider(ProviderConfig::openai_compatible("a", "http://127.0.0.1:1").model("m"))
+            .provider(ProviderConfig::openai_compatible("b", "http://127.0.0.1:2").model("m"))
+            .build()
+            .unwrap();
+        assert_eq!(
+            r.check_model(Some("gpt-4o-mini")).unwrap(),
+            ("openai".to_string(), "gpt-4o-mini".to_string())
+        );
+        assert!(matches!(
+            r.check_model(Some("a:gpt-4o-mini")),
+            Err(RouteError::ModelProviderMismatch { .. })
+        ));
+        assert!(matches!(
+            r.check_model(Some("m")),
+            Err(RouteError::AmbiguousModel { .. })
+        ));
+        assert!(matches!(
+            r.check_model(Some("openai:nope")),
+            Err(RouteError::UnknownModel { .. })
+        ));
+        assert!(matches!(
+            r.check_model(None),
+            Err(RouteError::NoDefaultModel)
+        ));
+        assert!(matches!(
+            ProviderRegistry::builder()
+                .provider(ProviderConfig::openai().keys(KeyPolicy::UserOnly))
+                .build(),
+            Err(RegistryError::NoCredentialStore { .. })
+        ));
+        assert!(matches!(
+            ProviderRegistry::builder()
+                .provider(ProviderConfig::openai())
+                .default_model("openai:gpt-5")
+                .build(),
+            Err(RegistryError::DefaultModel(RouteError::UnknownModel { .. }))
+        ));
     }
 }
