@@ -602,12 +602,8 @@ async fn a_resumed_run_keeps_its_credential() {
     const NEW_KEY: &str = "sk-alice-second-key-99999999";
     // The first request hangs (its worker then dies); later ones answer.
     let openai = KeyServer::start(&[ALICE_KEY, NEW_KEY], None, true).await;
-    let s = setup(
-        &openai.base_url,
-        &openai.base_url,
-        MasterKeys::new("k1", K1),
-    )
-    .await;
+    let url = openai.base_url.clone();
+    let s = setup(&url, &url, MasterKeys::new("k1", K1)).await;
     s.registry
         .put_credential(cred("alice", "first", ALICE_KEY))
         .await
@@ -626,33 +622,51 @@ async fn a_resumed_run_keeps_its_credential() {
     })
     .await
     .expect("first request arrives");
-    w.abort();
-    let _ = w.await;
-    stop.cancel();
-    // Meanwhile the user adds a new default key.
+    // Meanwhile the user adds a new default key; then the worker process dies.
     s.registry
         .put_credential(cred("alice", "second", NEW_KEY))
         .await
         .unwrap();
-    let (stop, w) = worker(&s.engine, |c| c.with_lease(Duration::from_millis(500)));
-    let events = collect(&s.engine, id).await;
+    w.abort();
+    let _ = w.await;
+    stop.cancel();
+    s.store.close().await;
+
+    // Another process takes over: a fresh store, registry and engine on the same file.
+    let store = SqliteStore::open(s.dir.path().join("edward.db"))
+        .await
+        .unwrap();
+    let engine = Engine::builder()
+        .backend(store.backend())
+        .sandbox_provider(
+            Arc::new(LocalSandboxProvider::new(s.dir.path().join("sandboxes")))
+                as Arc<dyn SandboxProvider>,
+        )
+        .registry(registry_on(&store, &url, &url, MasterKeys::new("k1", K1)))
+        .build()
+        .unwrap();
+    let (stop, w) = worker(&engine, |c| c.with_lease(Duration::from_millis(500)));
+    let events = collect(&engine, id).await;
     assert_eq!(terminal(&events)["status"], "completed");
     assert!(
         events.iter().any(|e| e.kind == "run_resumed"),
         "the run was resumed"
     );
-    assert_eq!(
-        openai.seen(),
-        vec![ALICE_KEY.to_string(), ALICE_KEY.to_string()]
+    // Every attempt (the hung one, any the first worker re-claimed under
+    // load, and the resumed one) used the key the run started with.
+    let seen = openai.seen();
+    assert!(seen.len() >= 2, "{} requests", seen.len());
+    assert!(
+        seen.iter().all(|k| k == ALICE_KEY),
+        "a resumed attempt changed key"
     );
     // A new run uses the new default.
-    let id2 = s
-        .engine
+    let id2 = engine
         .submit(RunRequest::new("alice", "c2", "p"))
         .await
         .unwrap();
     assert_eq!(
-        terminal(&collect(&s.engine, id2).await)["status"],
+        terminal(&collect(&engine, id2).await)["status"],
         "completed"
     );
     assert_eq!(openai.seen().last().map(String::as_str), Some(NEW_KEY));
