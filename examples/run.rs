@@ -2,7 +2,7 @@
 //! `./edward.db` (or `--db`; `EDWARD_DATABASE_URL=postgres://…` for Postgres
 //! when built with the `postgres` feature), a local sandbox under
 //! `./edward-data/sandboxes` (or `--dir`), and the scripted demo model
-//! (`EDWARD_MODEL=openai:gpt-4o-mini`, `anthropic:…` or `gemini:…` picks a real
+//! (`--model openai:gpt-4o-mini` or `EDWARD_MODEL=…`; `anthropic:…` or `gemini:…` picks a real
 //! provider; see docs/PROVIDERS.md). With the `redis` feature,
 //! `EDWARD_REDIS_URL=redis://…` takes the queue, write buffer and notifier
 //! from Redis (runs stay in SQLite or Postgres; see docs/REDIS.md).
@@ -73,6 +73,10 @@ struct Cli {
     /// A `redis://` URL: queue, write buffer and notifier from Redis.
     #[arg(long, env = "EDWARD_REDIS_URL")]
     redis_url: Option<String>,
+    /// The model as `provider:model` (`openai:gpt-4o-mini`, `anthropic:…`,
+    /// `gemini:…`) or `scripted` (the default).
+    #[arg(long, env = "EDWARD_MODEL")]
+    model: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -106,7 +110,7 @@ async fn build_backends(cli: &Cli) -> Result<Backends, Box<dyn std::error::Error
         None => builder,
     };
     let engine = if cli.replay.is_empty() {
-        with_model_from_env(builder)?.build()?
+        with_model(builder, cli.model.as_deref())?.build()?
     } else {
         let turns = cli.replay.iter().map(|f| {
             std::fs::read_to_string(f).map_err(|e| format!("--replay {}: {e}", f.display()))
@@ -136,26 +140,33 @@ async fn docker_provider(_: &Cli) -> Result<Arc<dyn SandboxProvider>, Box<dyn st
     Err("--sandbox docker needs the `docker` feature (cargo run --example run --features docker -- --sandbox docker …)".into())
 }
 
-/// `EDWARD_MODEL=openai:gpt-4o-mini` (or `anthropic:…`, `gemini:…`,
-/// `scripted`) picks the model; unset keeps the scripted demo.
+/// `--model openai:gpt-4o-mini` (or `EDWARD_MODEL`; `anthropic:…`,
+/// `gemini:…`, `scripted`) picks the model; unset keeps the scripted demo.
 #[cfg(any(feature = "openai", feature = "anthropic", feature = "gemini"))]
-fn with_model_from_env(
+fn with_model(
     builder: edward::core::engine::EngineBuilder,
+    model: Option<&str>,
 ) -> Result<edward::core::engine::EngineBuilder, Box<dyn std::error::Error>> {
-    Ok(match edward::core::providers::from_env()? {
-        Some(selected) => builder
-            .model_client(selected.client)
-            .default_model(selected.model),
+    use edward::core::providers::{ModelSpec, client_for};
+    let model = model.map(str::trim).filter(|m| !m.is_empty());
+    Ok(match model.map(ModelSpec::parse).transpose()? {
+        Some(spec) => {
+            let selected = client_for(&spec)?;
+            builder
+                .model_client(selected.client)
+                .default_model(selected.model)
+        }
         None => builder,
     })
 }
 
 #[cfg(not(any(feature = "openai", feature = "anthropic", feature = "gemini")))]
-fn with_model_from_env(
+fn with_model(
     builder: edward::core::engine::EngineBuilder,
+    model: Option<&str>,
 ) -> Result<edward::core::engine::EngineBuilder, Box<dyn std::error::Error>> {
-    if std::env::var("EDWARD_MODEL").is_ok_and(|v| !v.trim().is_empty() && v.trim() != "scripted") {
-        return Err("EDWARD_MODEL is set but this build has no model provider features".into());
+    if model.is_some_and(|v| !v.trim().is_empty() && v.trim() != "scripted") {
+        return Err("--model is set but this build has no model provider features".into());
     }
     Ok(builder)
 }

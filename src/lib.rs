@@ -68,6 +68,13 @@ pub use tokio_util::sync::CancellationToken;
 ))]
 pub use edward_core::providers;
 
+/// What a registry routes runs with, and why routing fails.
+pub use edward_core::engine::{CredentialChoice, ModelResolver, ModelRoute, RouteError};
+/// Models per run: the provider registry and users' encrypted keys
+/// (features `openai`, `anthropic`, `gemini`; see docs/PROVIDERS.md).
+#[cfg(any(feature = "openai", feature = "anthropic", feature = "gemini"))]
+pub use edward_core::registry;
+
 /// The streaming tag-protocol parser (no I/O, no async).
 pub use edward_parser as parser;
 
@@ -83,6 +90,8 @@ pub mod spi {
         RunQueue, RunStore, Sandbox, SandboxKey, SandboxPath, SandboxProvider, SandboxSpec,
         SearchResult, WebSearch, WriteBuffer,
     };
+    /// Users' provider credentials (ciphertext only) and their store.
+    pub use edward_core::{CredentialStore, StoredCredential};
     /// Stream constructors (`stream::iter`, `stream::unfold`, …) for building a
     /// [`ModelStream`] or a notifier's `BoxStream`.
     pub use futures::stream;

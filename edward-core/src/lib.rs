@@ -23,6 +23,8 @@ pub mod memory;
     feature = "tavily"
 ))]
 pub mod providers;
+#[cfg(any(feature = "openai", feature = "anthropic", feature = "gemini"))]
+pub mod registry;
 pub mod scripted;
 #[cfg(feature = "testkit")]
 pub mod testkit;

@@ -673,3 +673,91 @@ pub trait WebSearch: Send + Sync + 'static {
         cancel: CancellationToken,
     ) -> Result<Vec<SearchResult>, InfraError>;
 }
+
+// ---------------------------------------------------------------- CredentialStore
+
+/// One stored provider credential of a user: the key **encrypted** (an AEAD
+/// ciphertext and its nonce) under the operator's master key `key_id`, so
+/// stores never see a plaintext key. Encryption and decryption happen in
+/// `edward_core::registry::CredentialVault`; stores only keep the bytes.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredCredential {
+    /// Stable id (kept when the same `(user_id, provider, name)` is put again).
+    pub id: uuid::Uuid,
+    /// The owner.
+    pub user_id: String,
+    /// The registry provider name (`openai`, `anthropic`, `local`, …).
+    pub provider: String,
+    /// The user's name for it (unique per user and provider).
+    pub name: String,
+    /// An optional base URL override (used only where the provider allows it).
+    pub base_url: Option<String>,
+    /// Which master key encrypted it.
+    pub key_id: String,
+    /// The AEAD nonce.
+    pub nonce: Vec<u8>,
+    /// The encrypted key (with the AEAD tag).
+    pub ciphertext: Vec<u8>,
+    /// Whether it is the user's default for `provider`.
+    pub is_default: bool,
+    /// When it was first stored.
+    pub created_at: DateTime<Utc>,
+    /// When it was revoked; a revoked credential is kept but never used.
+    pub revoked_at: Option<DateTime<Utc>>,
+}
+
+impl std::fmt::Debug for StoredCredential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoredCredential")
+            .field("id", &self.id)
+            .field("user_id", &self.user_id)
+            .field("provider", &self.provider)
+            .field("name", &self.name)
+            .field("base_url", &self.base_url)
+            .field("key_id", &self.key_id)
+            .field("ciphertext_len", &self.ciphertext.len())
+            .field("is_default", &self.is_default)
+            .field("revoked_at", &self.revoked_at)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Users' provider credentials, stored encrypted (see [`StoredCredential`]).
+///
+/// Every call is scoped by `user_id`: one user can never read, revoke or
+/// delete another's credential, whatever id it passes.
+#[async_trait]
+pub trait CredentialStore: Send + Sync + 'static {
+    /// Insert `cred`, or replace the credential with the same
+    /// `(user_id, provider, name)` (keeping its `id` and `created_at`, and
+    /// clearing `revoked_at`). When `cred.is_default`, every other credential
+    /// of the user for that provider stops being the default, atomically.
+    /// Returns the stored credential (with the id actually kept).
+    async fn put_credential(&self, cred: StoredCredential) -> Result<StoredCredential, StoreError>;
+
+    /// The credential `id` of `user_id` (revoked ones included), if any.
+    async fn get_credential(
+        &self,
+        user_id: &str,
+        id: uuid::Uuid,
+    ) -> Result<Option<StoredCredential>, StoreError>;
+
+    /// The credential of `user_id` for `provider` named `name`, or, when
+    /// `name` is `None`, the user's non-revoked default for `provider`.
+    async fn find_credential(
+        &self,
+        user_id: &str,
+        provider: &str,
+        name: Option<&str>,
+    ) -> Result<Option<StoredCredential>, StoreError>;
+
+    /// All credentials of `user_id` (revoked ones included), by provider then name.
+    async fn list_credentials(&self, user_id: &str) -> Result<Vec<StoredCredential>, StoreError>;
+
+    /// Mark the credential revoked (and not the default). `false` when
+    /// `user_id` has no such credential.
+    async fn revoke_credential(&self, user_id: &str, id: uuid::Uuid) -> Result<bool, StoreError>;
+
+    /// Delete the credential. `false` when `user_id` has no such credential.
+    async fn delete_credential(&self, user_id: &str, id: uuid::Uuid) -> Result<bool, StoreError>;
+}

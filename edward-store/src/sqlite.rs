@@ -37,6 +37,8 @@ use crate::common::{
 };
 use crate::error::{ConnectError, corrupt, queue_err, store_err};
 
+mod credentials;
+
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
 
 const RUN_COLUMNS: &str = "id, user_id, chat_id, status, request, fence, last_seq, \

@@ -231,6 +231,11 @@ pub struct RunRequest {
     /// Budgets; `None` = the engine's defaults.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budgets: Option<Budgets>,
+    /// Which of the user's stored credentials to use (its name); `None` =
+    /// the user's default for the provider, or the operator's key where the
+    /// registry allows it. Only meaningful with a provider registry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credential: Option<String>,
 }
 
 impl RunRequest {
@@ -246,7 +251,14 @@ impl RunRequest {
             prompt: prompt.into(),
             model: None,
             budgets: None,
+            credential: None,
         }
+    }
+
+    /// Name the stored credential to use (see [`RunRequest::credential`]).
+    pub fn with_credential(mut self, name: impl Into<String>) -> Self {
+        self.credential = Some(name.into());
+        self
     }
 
     /// Set the model.

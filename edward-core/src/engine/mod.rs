@@ -44,6 +44,7 @@ mod events;
 mod outcome;
 mod prompt;
 mod retention;
+mod routing;
 mod run;
 mod sink;
 mod stream;
@@ -57,6 +58,7 @@ pub use config::{
 };
 pub use config::{PreparedCommand, ScriptPolicy, git_config_hazard};
 pub use events::{EngineEvent, ToolRun};
+pub use routing::{CredentialChoice, ModelResolver, ModelRoute, RouteError};
 pub use stream::{EventStream, EventStreamError, RawEventStream, TypedEvent};
 pub use worker::WorkerConfig;
 
@@ -213,6 +215,8 @@ pub(crate) struct Inner {
     pub(crate) default_model: String,
     pub(crate) known_models: BTreeSet<String>,
     pub(crate) wake: tokio::sync::Notify,
+    /// Per-run model routing (issue 17); `None` = always `model`.
+    pub(crate) resolver: Option<Arc<dyn ModelResolver>>,
 }
 
 /// The run engine: one handle to submit, watch, cancel and inspect runs and
@@ -248,6 +252,7 @@ pub struct EngineBuilder {
     prices: Option<PriceTable>,
     default_model: Option<String>,
     known_models: BTreeSet<String>,
+    resolver: Option<Arc<dyn ModelResolver>>,
 }
 
 impl EngineBuilder {
@@ -312,6 +317,18 @@ impl EngineBuilder {
         self
     }
 
+    /// Route each run to a provider, model and credential through a
+    /// registry (`edward_core::registry::ProviderRegistry`): requests name
+    /// `provider:model`, checked at submit against the registry's
+    /// allow-list; the choice is recorded with the run and reused on resume.
+    /// The registry's prices are added to the price table. Replaces
+    /// [`EngineBuilder::model_client`] and [`EngineBuilder::known_models`]
+    /// for routing.
+    pub fn registry(mut self, r: impl ModelResolver) -> Self {
+        self.resolver = Some(Arc::new(r));
+        self
+    }
+
     /// Build the engine, validating every setting.
     pub fn build(self) -> Result<Engine, BuildError> {
         let sandboxes = self.sandboxes.ok_or(BuildError::MissingSandboxProvider)?;
@@ -333,7 +350,10 @@ impl EngineBuilder {
         let default_model = self.default_model.unwrap_or_else(|| "scripted".to_string());
         let mut known_models = self.known_models;
         known_models.insert(default_model.clone());
-        let prices = self.prices.unwrap_or_else(PriceTable::builtin);
+        let mut prices = self.prices.unwrap_or_else(PriceTable::builtin);
+        for (name, price) in self.resolver.iter().flat_map(|r| r.prices()) {
+            prices.set(&name, price);
+        }
         Ok(Engine {
             inner: Arc::new(Inner {
                 store: backend.store().clone(),
@@ -356,6 +376,7 @@ impl EngineBuilder {
                 default_model,
                 known_models,
                 wake: tokio::sync::Notify::new(),
+                resolver: self.resolver,
             }),
         })
     }
@@ -449,7 +470,11 @@ impl Engine {
                 ),
             ));
         }
-        if let Some(m) = &req.model {
+        if let Some(resolver) = &self.inner.resolver {
+            resolver
+                .check_model(req.model.as_deref())
+                .map_err(routing::route_to_submit)?;
+        } else if let Some(m) = &req.model {
             if !self.inner.known_models.contains(m) {
                 return Err(SubmitError::invalid(
                     "model",
@@ -488,7 +513,8 @@ impl Engine {
     }
 
     /// Validate, admit atomically against the limits, and queue a run.
-    pub async fn submit(&self, req: RunRequest) -> Result<RunId, SubmitError> {
+    pub async fn submit(&self, mut req: RunRequest) -> Result<RunId, SubmitError> {
+        let route = self.route_request(&mut req).await?;
         self.validate(&req)?;
         let id = RunId::new();
         let model = req
@@ -502,6 +528,7 @@ impl Engine {
         .into_new_event();
         let request = serde_json::to_value(&req)
             .map_err(|e| SubmitError::invalid("request", e.to_string()))?;
+        let request = routing::record_route(request, route);
         let new_run = NewRun {
             id,
             user_id: req.user_id.clone(),

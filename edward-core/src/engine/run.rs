@@ -249,6 +249,7 @@ pub(crate) async fn execute(
             turns_started: std::sync::atomic::AtomicU32::new(0),
             max_infra,
             interrupted: std::sync::Mutex::new(Interrupted::default()),
+            client: std::sync::OnceLock::new(),
         };
         let driven = async {
             let end = match ctx.drive(run, &lease, &worker_id).await {
@@ -315,9 +316,15 @@ impl ModelObserver for AttemptTap {
     fn attempt_failed(&self, failure: &AttemptFailure) {
         let _ = self.0.send(failure.clone());
     }
+    /// This run's client when a registry routes runs (set once in `drive`).
+    client: std::sync::OnceLock<Arc<dyn crate::ModelClient>>,
 }
 
 impl RunCtx {
+    fn model_client(&self) -> &Arc<dyn crate::ModelClient> {
+        self.client.get().unwrap_or(&self.inner.model)
+    }
+
     async fn drive(&self, run: crate::Run, lease: &Lease, worker_id: &str) -> AttemptEnd {
         let request: RunRequest = match serde_json::from_value(run.request.clone()) {
             Ok(r) => r,
@@ -340,6 +347,24 @@ impl RunCtx {
         let budgets = request
             .budgets
             .map_or(self.inner.budgets, |b| b.capped_by(&self.inner.budgets));
+        match super::routing::client_for_run(&self.inner, &run, &request).await {
+            Ok(client) => {
+                if let Some(client) = client {
+                    let _ = self.client.set(client);
+                }
+            }
+            Err(f) if f.retryable => return AttemptEnd::Retry(f.reason),
+            Err(f) => {
+                return self
+                    .finish(
+                        RunStatus::Failed,
+                        &f.reason,
+                        &BudgetState::default(),
+                        Utc::now(),
+                    )
+                    .await;
+            }
+        }
         if run.cancel_requested_at.is_some() {
             // Cancelled before this worker claimed it (or while it was
             // between workers): the first stop check ends it `cancelled`.
@@ -422,7 +447,7 @@ impl RunCtx {
                             attempt: lease.attempt,
                             fence: self.fence.0,
                             model: model.clone(),
-                            provider: self.inner.model.provider().to_string(),
+                            provider: self.model_client().provider().to_string(),
                         })
                         .await;
                 }
@@ -587,7 +612,7 @@ impl RunCtx {
                 budgets,
                 &state.budget,
                 self.inner.prices.get(model),
-                self.inner.model.estimate_input_tokens(&ModelRequest {
+                self.model_client().estimate_input_tokens(&ModelRequest {
                     model: model.to_string(),
                     system: SYSTEM_PROMPT.to_string(),
                     messages: state.messages.clone(),
@@ -610,8 +635,8 @@ impl RunCtx {
             };
             // Pre-call checks: the estimated input must fit the model's
             // context window and the remaining budgets.
-            let est_input = self.inner.model.estimate_input_tokens(&request);
-            if let Some(window) = self.inner.model.context_window(model) {
+            let est_input = self.model_client().estimate_input_tokens(&request);
+            if let Some(window) = self.model_client().context_window(model) {
                 if est_input >= window {
                     return self
                         .finish(
@@ -947,7 +972,7 @@ impl RunCtx {
             budgets,
             &state.budget,
             self.inner.prices.get(&request.model),
-            self.inner.model.estimate_input_tokens(&request),
+            self.model_client().estimate_input_tokens(&request),
         );
         // Retries inside the model client never start past the run's deadline.
         let left = budgets
@@ -984,7 +1009,7 @@ impl RunCtx {
         deadline: tokio::time::Instant,
     ) -> Result<Streamed, TurnError> {
         let token = self.control.token.clone();
-        let est_input = self.inner.model.estimate_input_tokens(&request);
+        let est_input = self.model_client().estimate_input_tokens(&request);
         let (tap, mut failures) = mpsc::unbounded_channel();
         let call = ModelCall {
             deadline: Some(deadline),
@@ -992,7 +1017,7 @@ impl RunCtx {
         };
         // A client that retries internally (the HTTP providers) is not
         // retried again here, or attempts would multiply.
-        let max_attempts = if self.inner.model.retries_internally() {
+        let max_attempts = if self.model_client().retries_internally() {
             1
         } else {
             self.inner.config.model_attempts
@@ -1000,7 +1025,7 @@ impl RunCtx {
         let mut attempt = 0;
         let mut stream = loop {
             attempt += 1;
-            let open = token.run_until_cancelled(self.inner.model.stream_call(
+            let open = token.run_until_cancelled(self.model_client().stream_call(
                 request.clone(),
                 token.clone(),
                 call.clone(),

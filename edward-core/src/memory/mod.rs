@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, Utc};
 
+mod credentials;
 mod lock;
 mod notifier;
 mod run_queue;
@@ -18,6 +19,7 @@ mod run_store;
 mod web_search;
 mod write_buffer;
 
+pub use credentials::MemoryCredentialStore;
 pub use lock::MemoryLock;
 pub use notifier::MemoryNotifier;
 pub use run_queue::MemoryRunQueue;
