@@ -48,13 +48,9 @@ pub(crate) async fn submit(
 ) -> Result<Response, ApiError> {
     let bytes = extract::body(body)?;
     let req: SubmitRun = extract::json(&headers, &bytes)?;
-    let run_request = RunRequest {
-        user_id: caller.user_id.to_string(),
-        chat_id: req.chat_id,
-        prompt: req.prompt,
-        model: req.model,
-        budgets: req.budgets,
-    };
+    let mut run_request = RunRequest::new(caller.user_id.to_string(), req.chat_id, req.prompt);
+    run_request.model = req.model;
+    run_request.budgets = req.budgets;
     let (run_id, replayed) = match headers.get(IDEMPOTENCY_KEY) {
         Some(key) => {
             let key = key

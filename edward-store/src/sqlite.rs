@@ -162,7 +162,7 @@ impl SqliteStore {
         self.reader.close().await;
     }
 
-    fn writer(&self) -> SqlitePool {
+    pub(crate) fn writer(&self) -> SqlitePool {
         self.current_writer().1
     }
 

@@ -216,8 +216,10 @@ pub const MAX_PROMPT_BYTES: usize = 100 * 1024;
 /// Largest accepted user or chat id, in bytes.
 pub const MAX_ID_BYTES: usize = 128;
 
-/// A request to start a run.
+/// A request to start a run: [`RunRequest::new`], then `with_*` (or set the
+/// public fields); new fields may be added, so it is not built literally.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct RunRequest {
     /// Who owns the run (non-empty, ≤ 128 bytes, no control characters).
     pub user_id: String,

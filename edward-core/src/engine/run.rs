@@ -298,6 +298,8 @@ struct RunCtx {
     max_infra: u32,
     /// What a model call that did not end normally left behind.
     interrupted: std::sync::Mutex<Interrupted>,
+    /// This run's client when a registry routes runs (set once in `drive`).
+    client: std::sync::OnceLock<Arc<dyn crate::ModelClient>>,
 }
 
 /// What a model call that did not end normally left behind: the usage of a
@@ -316,8 +318,6 @@ impl ModelObserver for AttemptTap {
     fn attempt_failed(&self, failure: &AttemptFailure) {
         let _ = self.0.send(failure.clone());
     }
-    /// This run's client when a registry routes runs (set once in `drive`).
-    client: std::sync::OnceLock<Arc<dyn crate::ModelClient>>,
 }
 
 impl RunCtx {

@@ -135,7 +135,7 @@ impl CredentialStore for SqliteStore {
         .bind(micros(chrono::Utc::now()))
         .bind(id)
         .bind(user_id)
-        .execute(&self.writer)
+        .execute(&self.writer())
         .await
         .map_err(store_err)?;
         Ok(done.rows_affected() > 0)
@@ -145,7 +145,7 @@ impl CredentialStore for SqliteStore {
         let done = sqlx::query("DELETE FROM credentials WHERE id = ? AND user_id = ?")
             .bind(id)
             .bind(user_id)
-            .execute(&self.writer)
+            .execute(&self.writer())
             .await
             .map_err(store_err)?;
         Ok(done.rows_affected() > 0)
