@@ -20,7 +20,7 @@ step "cargo clippy (all targets, all features, -D warnings)"
 cargo clippy --workspace --all-targets --all-features -- -D warnings
 
 step "features compile alone (no default features, then each adapter feature)"
-for features in "" local sqlite postgres openai anthropic gemini tavily http; do
+for features in "" local sqlite postgres redis docker openai anthropic gemini tavily http; do
   echo "  edward --no-default-features${features:+ --features $features}"
   cargo check -q -p edward --lib --no-default-features ${features:+--features "$features"}
 done
@@ -46,7 +46,7 @@ step "install chromium + chromium-driver for the page test (scripts/browser.sh)"
 scripts/browser.sh >/dev/null
 
 step "cargo test (all features)"
-cargo test --workspace --all-features 2>&1 | tee target/test-output.txt
+cargo test --workspace --all-features --no-fail-fast 2>&1 | tee target/test-output.txt
 grep -E '^test result:' target/test-output.txt | awk '
   { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
   END { printf "\nall test binaries: %d passed, %d failed\n", p, f; exit (f > 0) }'
