@@ -207,7 +207,7 @@ pub(crate) fn fnv1a64(parts: &[&[u8]]) -> i64 {
 
 /// Decode JSON stored as text.
 pub(crate) fn parse_json(text: &str) -> Result<serde_json::Value, StoreError> {
-    serde_json::from_str(text).map_err(|e| crate::error::corrupt(format!("json: {e}")))
+    serde_json::from_str(text).map_err(|e| StoreError::Corrupt(format!("json: {e}")))
 }
 
 /// Encode JSON as text for storage.
@@ -224,7 +224,7 @@ pub(crate) fn checkpoint_from_columns(
 ) -> Result<Option<Checkpoint>, StoreError> {
     match (turn, state) {
         (Some(turn), Some(state)) => Ok(Some(Checkpoint {
-            turn: u32::try_from(turn).map_err(|_| crate::error::corrupt(format!("turn {turn}")))?,
+            turn: u32::try_from(turn).map_err(|_| StoreError::Corrupt(format!("turn {turn}")))?,
             state: parse_json(&state)?,
         })),
         _ => Ok(None),
@@ -233,6 +233,7 @@ pub(crate) fn checkpoint_from_columns(
 
 /// A broadcast receiver as a stream; a lagging receiver skips what it
 /// missed (hints only), and the stream ends when the notifier is dropped.
+#[cfg_attr(not(any(feature = "postgres", feature = "redis")), allow(dead_code))]
 pub(crate) fn broadcast_stream<T: Clone + Send + 'static>(
     rx: tokio::sync::broadcast::Receiver<T>,
 ) -> impl futures::Stream<Item = T> + Send + 'static {

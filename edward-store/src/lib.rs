@@ -25,8 +25,7 @@
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "redis"))]
 #[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
 mod common;
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "redis"))]
-#[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod error;
 #[cfg(feature = "postgres")]
 mod postgres;
