@@ -608,34 +608,29 @@ impl RunCtx {
             if turn > budgets.max_turns {
                 return self.finish_budget(BudgetKind::Turns, state).await;
             }
+            let mut request = ModelRequest {
+                model: model.to_string(),
+                system: SYSTEM_PROMPT.to_string(),
+                messages: state.messages.clone(),
+                max_output_tokens: None,
+                temperature: None,
+            };
+            // Estimated once per turn (a tokenizer pass over the history).
+            let est_input = self.model_client().estimate_input_tokens(&request);
             let (remaining_out, out_binding) = output_allowance(
                 budgets,
                 &state.budget,
                 self.inner.prices.get(model),
-                self.model_client().estimate_input_tokens(&ModelRequest {
-                    model: model.to_string(),
-                    system: SYSTEM_PROMPT.to_string(),
-                    messages: state.messages.clone(),
-                    max_output_tokens: None,
-                    temperature: None,
-                }),
+                est_input,
             );
             if remaining_out == 0 {
                 return self.finish_budget(out_binding, state).await;
             }
-            let request = ModelRequest {
-                model: model.to_string(),
-                system: SYSTEM_PROMPT.to_string(),
-                messages: state.messages.clone(),
-                max_output_tokens: Some(
-                    remaining_out.min(u64::from(self.inner.config.max_output_tokens_per_call))
-                        as u32,
-                ),
-                temperature: None,
-            };
+            request.max_output_tokens = Some(
+                remaining_out.min(u64::from(self.inner.config.max_output_tokens_per_call)) as u32,
+            );
             // Pre-call checks: the estimated input must fit the model's
             // context window and the remaining budgets.
-            let est_input = self.model_client().estimate_input_tokens(&request);
             if let Some(window) = self.model_client().context_window(model) {
                 if est_input >= window {
                     return self
@@ -676,7 +671,7 @@ impl RunCtx {
                 .fetch_max(turn, std::sync::atomic::Ordering::Relaxed);
 
             let outcome = self
-                .turn(turn, request, state, budgets, target)
+                .turn(turn, request, est_input, state, budgets, target)
                 .instrument(tracing::info_span!("turn", turn))
                 .await;
             // A turn that did not end normally still used what reached the model.
@@ -948,6 +943,7 @@ impl RunCtx {
         &self,
         turn: u32,
         request: ModelRequest,
+        est_input: u64,
         state: &RunState,
         budgets: &Budgets,
         target: &Arc<FlushTarget>,
@@ -972,14 +968,14 @@ impl RunCtx {
             budgets,
             &state.budget,
             self.inner.prices.get(&request.model),
-            self.model_client().estimate_input_tokens(&request),
+            est_input,
         );
         // Retries inside the model client never start past the run's deadline.
         let left = budgets
             .deadline()
             .saturating_sub((Utc::now() - state.started_at).to_std().unwrap_or_default());
         let deadline = tokio::time::Instant::now() + left;
-        let stream_side = self.stream(turn, request, tx, out_budget, deadline);
+        let stream_side = self.stream(turn, request, tx, out_budget, est_input, deadline);
         let effect_side = effects.handle(rx);
         let (streamed, effected) = tokio::join!(stream_side, effect_side);
         // A handler failure explains a stream that stopped early, so it wins.
@@ -1006,10 +1002,10 @@ impl RunCtx {
         request: ModelRequest,
         tx: mpsc::Sender<EffectItem>,
         out_budget: u64,
+        est_input: u64,
         deadline: tokio::time::Instant,
     ) -> Result<Streamed, TurnError> {
         let token = self.control.token.clone();
-        let est_input = self.model_client().estimate_input_tokens(&request);
         let (tap, mut failures) = mpsc::unbounded_channel();
         let call = ModelCall {
             deadline: Some(deadline),

@@ -439,45 +439,31 @@ impl ProviderRegistry {
         let client_err = |e: crate::providers::ProviderConfigError| RouteError::Client {
             message: e.to_string(),
         };
+        // The three builders share this shape but not a type.
+        macro_rules! build {
+            ($builder:expr) => {{
+                let mut b = $builder.timeouts(p.timeouts).retry(p.retry);
+                if let Some(k) = key {
+                    b = b.api_key(k.expose());
+                }
+                if let Some(u) = base {
+                    b = b.base_url(u);
+                }
+                Arc::new(b.build().map_err(client_err)?)
+            }};
+        }
         let client: Arc<dyn ModelClient> = match p.kind {
             #[cfg(feature = "openai")]
             ProviderKind::OpenAi => {
-                let mut b = crate::providers::OpenAiClient::builder()
-                    .timeouts(p.timeouts)
-                    .retry(p.retry);
-                if let Some(k) = key {
-                    b = b.api_key(k.expose());
-                }
-                if let Some(u) = base {
-                    b = b.base_url(u);
-                }
-                Arc::new(b.build().map_err(client_err)?)
+                build!(crate::providers::OpenAiClient::builder())
             }
             #[cfg(feature = "anthropic")]
             ProviderKind::Anthropic => {
-                let mut b = crate::providers::AnthropicClient::builder()
-                    .timeouts(p.timeouts)
-                    .retry(p.retry);
-                if let Some(k) = key {
-                    b = b.api_key(k.expose());
-                }
-                if let Some(u) = base {
-                    b = b.base_url(u);
-                }
-                Arc::new(b.build().map_err(client_err)?)
+                build!(crate::providers::AnthropicClient::builder())
             }
             #[cfg(feature = "gemini")]
             ProviderKind::Gemini => {
-                let mut b = crate::providers::GeminiClient::builder()
-                    .timeouts(p.timeouts)
-                    .retry(p.retry);
-                if let Some(k) = key {
-                    b = b.api_key(k.expose());
-                }
-                if let Some(u) = base {
-                    b = b.base_url(u);
-                }
-                Arc::new(b.build().map_err(client_err)?)
+                build!(crate::providers::GeminiClient::builder())
             }
             #[allow(unreachable_patterns)]
             k => {
