@@ -114,6 +114,64 @@ impl RunStore for FailingCheckpoints {
         self.inner.durability()
     }
 
+    async fn put_messages(
+        &self,
+        run_id: RunId,
+        fence: Fence,
+        turn: u32,
+        messages: Vec<edward::core::NewMessage>,
+    ) -> Result<(), StoreError> {
+        self.inner.put_messages(run_id, fence, turn, messages).await
+    }
+
+    async fn chat_messages(
+        &self,
+        user_id: &str,
+        chat_id: &str,
+        before_run: Option<RunId>,
+        limit: usize,
+    ) -> Result<Vec<edward::core::ChatMessage>, StoreError> {
+        self.inner
+            .chat_messages(user_id, chat_id, before_run, limit)
+            .await
+    }
+
+    async fn create_build(
+        &self,
+        run_id: RunId,
+        fence: Fence,
+        number: u32,
+        command: Vec<String>,
+    ) -> Result<edward::core::BuildJob, StoreError> {
+        self.inner
+            .create_build(run_id, fence, number, command)
+            .await
+    }
+
+    async fn claim_build(
+        &self,
+        run_id: RunId,
+        number: u32,
+        fence: Fence,
+        worker: &str,
+    ) -> Result<Option<edward::core::BuildJob>, StoreError> {
+        self.inner.claim_build(run_id, number, fence, worker).await
+    }
+
+    async fn finish_build(
+        &self,
+        run_id: RunId,
+        number: u32,
+        fence: Fence,
+        result: edward::core::BuildResult,
+    ) -> Result<edward::core::BuildJob, StoreError> {
+        self.inner.finish_build(run_id, number, fence, result).await
+    }
+
+    async fn builds(&self, run_id: RunId) -> Result<Vec<edward::core::BuildJob>, StoreError> {
+        self.inner.builds(run_id).await
+    }
+
     async fn request_cancel(
         &self,
         run_id: RunId,

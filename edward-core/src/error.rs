@@ -73,6 +73,19 @@ pub enum StoreError {
         /// The run.
         run_id: RunId,
     },
+    /// A build job is missing or not in a status that allows the change
+    /// (e.g. finishing a build this fence did not claim).
+    #[error("run {run_id}: build {number} is {status}, cannot {action}")]
+    BuildConflict {
+        /// The run.
+        run_id: RunId,
+        /// The build number.
+        number: u32,
+        /// Its status (`missing` when there is no such build).
+        status: String,
+        /// What was attempted (`finish`).
+        action: &'static str,
+    },
     /// Stored data could not be decoded.
     #[error("corrupt stored data: {0}")]
     Corrupt(String),

@@ -7,6 +7,7 @@
 //! live here behind features.)
 #![deny(missing_docs)]
 
+pub mod chat;
 mod error;
 pub mod hash;
 mod path;
@@ -29,6 +30,7 @@ pub mod scripted;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 
+pub use chat::*;
 pub use error::*;
 pub use traits::*;
 pub use types::*;

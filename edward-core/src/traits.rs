@@ -12,6 +12,7 @@ use futures::stream::BoxStream;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
+use crate::chat::*;
 use crate::error::{AdmitError, InfraError, ModelError, QueueError, SandboxError, StoreError};
 use crate::types::*;
 
@@ -128,6 +129,71 @@ pub trait RunStore: Send + Sync + 'static {
         before: Option<RunId>,
         limit: usize,
     ) -> Result<Vec<Run>, StoreError>;
+
+    // ------------------------------------------------------------ chats
+
+    /// Write the run's chat messages of `turn`, in one transaction checked
+    /// against `fence`: delete the run's messages of turns `>= turn`, then
+    /// insert `messages` as turn `turn` with indexes 0, 1, …. A replayed
+    /// turn therefore replaces (never duplicates) what an earlier attempt
+    /// wrote, and `put_messages(run, fence, n, vec![])` drops the messages of
+    /// turns a resumed run superseded. The messages belong to the run's user
+    /// and chat. `NotFound` for an unknown run, `StaleFence` for an old fence.
+    async fn put_messages(
+        &self,
+        run_id: RunId,
+        fence: Fence,
+        turn: u32,
+        messages: Vec<NewMessage>,
+    ) -> Result<(), StoreError>;
+
+    /// The newest `limit` messages of `user_id`'s chat `chat_id`, oldest
+    /// first, in `(run_id, turn, index)` order; only messages of runs whose
+    /// id is below `before_run` when given (a run's own history excludes
+    /// itself and later runs).
+    async fn chat_messages(
+        &self,
+        user_id: &str,
+        chat_id: &str,
+        before_run: Option<RunId>,
+        limit: usize,
+    ) -> Result<Vec<ChatMessage>, StoreError>;
+
+    /// Create build `number` of the run (`queued`) with `command`, or return
+    /// the existing one unchanged (idempotent across replays).
+    /// `StaleFence` for an old fence.
+    async fn create_build(
+        &self,
+        run_id: RunId,
+        fence: Fence,
+        number: u32,
+        command: Vec<String>,
+    ) -> Result<BuildJob, StoreError>;
+
+    /// Compare-and-set claim: `queued → building`, or take over a `building`
+    /// job claimed under an older fence (that attempt died). Returns the
+    /// claimed job, or `None` when it is finished, or already claimed under
+    /// this or a newer fence — of concurrent claimers exactly one wins.
+    async fn claim_build(
+        &self,
+        run_id: RunId,
+        number: u32,
+        fence: Fence,
+        worker: &str,
+    ) -> Result<Option<BuildJob>, StoreError>;
+
+    /// `building → succeeded | failed` with the result, only for the claim
+    /// made under `fence` (else `BuildConflict`).
+    async fn finish_build(
+        &self,
+        run_id: RunId,
+        number: u32,
+        fence: Fence,
+        result: BuildResult,
+    ) -> Result<BuildJob, StoreError>;
+
+    /// The run's build jobs, by number.
+    async fn builds(&self, run_id: RunId) -> Result<Vec<BuildJob>, StoreError>;
 }
 
 /// Which of a user's runs [`RunStore::list_user_runs`] returns.

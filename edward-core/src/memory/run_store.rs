@@ -7,6 +7,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
 use super::lock_state;
+use crate::chat::{BuildJob, BuildResult, BuildStatus, ChatMessage, NewMessage};
 use crate::error::{AdmissionError, AdmitError, StoreError};
 use crate::traits::{RunFilter, RunStore};
 use crate::types::{
@@ -111,6 +112,17 @@ struct State {
     /// Finished runs, oldest first, for retention.
     finished: std::collections::VecDeque<(DateTime<Utc>, RunId)>,
     retention: MemoryRetention,
+    /// Chat messages by (user, chat), kept apart from runs: they outlive
+    /// the run retention (up to [`MAX_CHAT_MESSAGES`] per chat).
+    messages: HashMap<(String, String), std::collections::BTreeMap<(RunId, u32, u32), ChatMessage>>,
+}
+
+/// The newest messages a [`MemoryRunStore`] keeps per chat.
+pub const MAX_CHAT_MESSAGES: usize = 2_000;
+
+/// The key of per-chat admission counters: a chat belongs to its user.
+fn chat_counter_key(user_id: &str, chat_id: &str) -> String {
+    format!("{user_id}\0{chat_id}")
 }
 
 #[derive(Debug)]
@@ -120,6 +132,7 @@ struct Entry {
     events: Vec<RunEvent>,
     checkpoint: Option<Checkpoint>,
     effects: HashMap<String, EffectRecord>,
+    builds: std::collections::BTreeMap<u32, BuildJob>,
 }
 
 impl MemoryRunStore {
@@ -196,7 +209,10 @@ impl State {
     fn release_active(&mut self, user_id: &str, chat_id: &str) {
         self.active_global = self.active_global.saturating_sub(1);
         decrement(&mut self.active_per_user, user_id);
-        decrement(&mut self.active_per_chat, chat_id);
+        decrement(
+            &mut self.active_per_chat,
+            &chat_counter_key(user_id, chat_id),
+        );
     }
 }
 
@@ -264,7 +280,7 @@ impl RunStore for MemoryRunStore {
         }
         let chat = state
             .active_per_chat
-            .get(&run.chat_id)
+            .get(&chat_counter_key(&run.user_id, &run.chat_id))
             .copied()
             .unwrap_or(0);
         if chat >= limits.per_chat {
@@ -314,6 +330,7 @@ impl RunStore for MemoryRunStore {
             events: Vec::new(),
             checkpoint: None,
             effects: HashMap::new(),
+            builds: Default::default(),
         };
         push_events(&mut entry, vec![run.first_event], now);
         let result = entry.run.clone();
@@ -330,7 +347,7 @@ impl RunStore for MemoryRunStore {
             .or_default() += 1;
         *state
             .active_per_chat
-            .entry(result.chat_id.clone())
+            .entry(chat_counter_key(&result.user_id, &result.chat_id))
             .or_default() += 1;
         state
             .by_status
@@ -570,6 +587,172 @@ impl RunStore for MemoryRunStore {
             .take(limit)
             .cloned()
             .collect())
+    }
+
+    async fn put_messages(
+        &self,
+        run_id: RunId,
+        fence: Fence,
+        turn: u32,
+        messages: Vec<NewMessage>,
+    ) -> Result<(), StoreError> {
+        let mut state = lock_state(&self.state);
+        let entry = state.entry_mut(run_id)?;
+        check_fence(&entry.run, fence)?;
+        let key = (entry.run.user_id.clone(), entry.run.chat_id.clone());
+        let chat = state.messages.entry(key).or_default();
+        let stale: Vec<_> = chat
+            .range((run_id, turn, 0)..=(run_id, u32::MAX, u32::MAX))
+            .map(|(k, _)| *k)
+            .collect();
+        for k in stale {
+            chat.remove(&k);
+        }
+        let at = Utc::now();
+        for (index, m) in messages.into_iter().enumerate() {
+            let index = index as u32;
+            chat.insert(
+                (run_id, turn, index),
+                ChatMessage {
+                    run_id,
+                    turn,
+                    index,
+                    role: m.role,
+                    text: m.text,
+                    effects: m.effects,
+                    at,
+                },
+            );
+        }
+        while chat.len() > MAX_CHAT_MESSAGES {
+            chat.pop_first();
+        }
+        Ok(())
+    }
+
+    async fn chat_messages(
+        &self,
+        user_id: &str,
+        chat_id: &str,
+        before_run: Option<RunId>,
+        limit: usize,
+    ) -> Result<Vec<ChatMessage>, StoreError> {
+        let state = lock_state(&self.state);
+        let Some(chat) = state
+            .messages
+            .get(&(user_id.to_owned(), chat_id.to_owned()))
+        else {
+            return Ok(Vec::new());
+        };
+        let range = match before_run {
+            Some(before) => chat.range(..(before, 0, 0)),
+            None => chat.range(..),
+        };
+        let mut page: Vec<ChatMessage> = range.rev().take(limit).map(|(_, m)| m.clone()).collect();
+        page.reverse();
+        Ok(page)
+    }
+
+    async fn create_build(
+        &self,
+        run_id: RunId,
+        fence: Fence,
+        number: u32,
+        command: Vec<String>,
+    ) -> Result<BuildJob, StoreError> {
+        let mut state = lock_state(&self.state);
+        let entry = state.entry_mut(run_id)?;
+        check_fence(&entry.run, fence)?;
+        let now = Utc::now();
+        Ok(entry
+            .builds
+            .entry(number)
+            .or_insert_with(|| BuildJob {
+                run_id,
+                number,
+                status: BuildStatus::Queued,
+                command,
+                claimed_by: None,
+                claim_fence: Fence(0),
+                exit_code: None,
+                output: None,
+                duration_ms: None,
+                created_at: now,
+                updated_at: now,
+            })
+            .clone())
+    }
+
+    async fn claim_build(
+        &self,
+        run_id: RunId,
+        number: u32,
+        fence: Fence,
+        worker: &str,
+    ) -> Result<Option<BuildJob>, StoreError> {
+        let mut state = lock_state(&self.state);
+        let entry = state.entry_mut(run_id)?;
+        check_fence(&entry.run, fence)?;
+        let Some(job) = entry.builds.get_mut(&number) else {
+            return Err(StoreError::BuildConflict {
+                run_id,
+                number,
+                status: "missing".into(),
+                action: "claim",
+            });
+        };
+        let claimable = job.status == BuildStatus::Queued
+            || (job.status == BuildStatus::Building && job.claim_fence < fence);
+        if !claimable {
+            return Ok(None);
+        }
+        job.status = BuildStatus::Building;
+        job.claimed_by = Some(worker.to_owned());
+        job.claim_fence = fence;
+        job.updated_at = Utc::now();
+        Ok(Some(job.clone()))
+    }
+
+    async fn finish_build(
+        &self,
+        run_id: RunId,
+        number: u32,
+        fence: Fence,
+        result: BuildResult,
+    ) -> Result<BuildJob, StoreError> {
+        let mut state = lock_state(&self.state);
+        let entry = state.entry_mut(run_id)?;
+        check_fence(&entry.run, fence)?;
+        let conflict = |status: &str| StoreError::BuildConflict {
+            run_id,
+            number,
+            status: status.to_owned(),
+            action: "finish",
+        };
+        let Some(job) = entry.builds.get_mut(&number) else {
+            return Err(conflict("missing"));
+        };
+        if job.status != BuildStatus::Building
+            || job.claim_fence != fence
+            || !result.status.is_terminal()
+        {
+            return Err(conflict(job.status.as_str()));
+        }
+        job.status = result.status;
+        job.exit_code = result.exit_code;
+        job.output = Some(result.output);
+        job.duration_ms = Some(result.duration_ms);
+        job.updated_at = Utc::now();
+        Ok(job.clone())
+    }
+
+    async fn builds(&self, run_id: RunId) -> Result<Vec<BuildJob>, StoreError> {
+        let state = lock_state(&self.state);
+        let entry = state
+            .runs
+            .get(&run_id)
+            .ok_or(StoreError::NotFound { run_id })?;
+        Ok(entry.builds.values().cloned().collect())
     }
 }
 

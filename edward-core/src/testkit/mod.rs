@@ -28,6 +28,7 @@ use std::time::Duration;
 
 use uuid::Uuid;
 
+pub mod chat_store;
 pub mod credential_store;
 pub mod lock;
 pub mod notifier;

@@ -1148,4 +1148,5 @@ pub async fn run_all(store: Arc<dyn RunStore>) {
     check_unknown_run(&*store).await;
     check_list_runs_by_status(&*store).await;
     check_list_user_runs(&*store).await;
+    super::chat_store::run_all(Arc::clone(&store)).await;
 }
