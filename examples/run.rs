@@ -269,7 +269,10 @@ async fn run(cli: Cli) -> Result<bool, Box<dyn std::error::Error>> {
         .is_some_and(|e| e.payload["status"] == "completed");
     // Reattach to learn where the files are (a directory, a container id).
     let location = provider
-        .provision(&Engine::sandbox_key(id), &Default::default())
+        .provision(
+            &edward::core::chat::chat_sandbox_key(user, chat),
+            &Default::default(),
+        )
         .await
         .map_or_else(|e| format!("unavailable ({e})"), |s| s.location());
     view.finish(last.as_ref(), &location);

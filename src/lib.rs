@@ -23,10 +23,17 @@
 //! builds the engine with in-memory backends only (no sqlx, no reqwest).
 #![deny(missing_docs)]
 
+/// Chats: messages, build jobs, framework detection and context assembly.
+pub use edward_core::chat::{
+    BuildJob, BuildStatus, ChatMessage, MessageRole, TurnEffects, chat_sandbox_key,
+};
+pub use edward_core::engine::context::{ContextStats, ProjectSnapshot, assemble_context};
+pub use edward_core::engine::framework::{Detection, Framework, detect_framework};
 pub use edward_core::engine::{
-    Backend, BudgetKind, Budgets, BuildError, CancelOutcome, CommandPolicy, Engine, EngineBuilder,
-    EngineConfig, EngineEvent, EventStream, EventStreamError, FilesError, MixedDurability,
-    PackageManager, RawEventStream, RunRequest, SubmitError, ToolRun, TypedEvent, WorkerConfig,
+    Backend, BudgetKind, Budgets, BuildConfig, BuildError, CancelOutcome, ChatConfig,
+    CommandPolicy, DoubleTexting, Engine, EngineBuilder, EngineConfig, EngineEvent, EventStream,
+    EventStreamError, FilesError, MixedDurability, PackageManager, RawEventStream, RunRequest,
+    SubmitError, ToolRun, TypedEvent, WorkerConfig,
 };
 pub use edward_core::pricing::{ModelPrice, PriceTable};
 pub use edward_core::scripted::ScriptedModel;
@@ -81,6 +88,8 @@ pub use edward_parser as parser;
 /// What implementors of backends, sandboxes and model clients need: the
 /// traits and the records they exchange. Applications rarely touch these.
 pub mod spi {
+    /// Chat records as stores exchange them.
+    pub use edward_core::chat::{BuildResult, CommandNote, FileNote, InstallNote, NewMessage};
     pub use edward_core::memory;
     pub use edward_core::{
         AdmitError, Checkpoint, DeadLetter, EffectRecord, EffectState, ExecOutput, ExecRequest,

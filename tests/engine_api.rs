@@ -279,7 +279,7 @@ async fn files_are_read_through_the_engine_without_creating_sandboxes() {
         h.engine.files(unknown).await,
         Err(FilesError::RunNotFound { .. })
     ));
-    assert!(!h.workspace(unknown).exists());
+    assert!(!h.workspace(unknown).await.exists());
     // A run that never wrote: no sandbox, and none is created by asking.
     let idle = h
         .engine
@@ -291,14 +291,14 @@ async fn files_are_read_through_the_engine_without_creating_sandboxes() {
         h.engine.files(idle).await,
         Err(FilesError::NoSandbox { .. })
     ));
-    assert!(!h.workspace(idle).exists());
+    assert!(!h.workspace(idle).await.exists());
 
     h.engine.destroy_sandbox(id).await.expect("destroy");
     h.engine
         .destroy_sandbox(id)
         .await
         .expect("destroy is idempotent");
-    assert!(!h.workspace(id).exists());
+    assert!(!h.workspace(id).await.exists());
     assert!(matches!(
         h.engine.files(id).await,
         Err(FilesError::NoSandbox { .. })
@@ -361,7 +361,7 @@ async fn sandboxes_of_finished_runs_are_destroyed_after_the_retention_time() {
     );
     // No signal exists for "destroyed"; poll the filesystem with a deadline.
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while h.workspace(id).exists() {
+    while h.workspace(id).await.exists() {
         assert!(
             std::time::Instant::now() < deadline,
             "sandbox not destroyed after its retention time"

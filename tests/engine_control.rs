@@ -172,7 +172,7 @@ fn assert_resumed_correctly(h: &Harness, id: RunId, events: &[RunEvent]) {
     assert_eq!(fin["reason"], "done");
     assert_eq!(kinds(events, "run_resumed").len(), 1);
     assert_eq!(kinds(events, "turn_restarted").len(), 1);
-    let ws = h.workspace(id);
+    let ws = h.workspace(id).await;
     let log = std::fs::read_to_string(ws.join("log.txt")).unwrap();
     assert_eq!(log, "line\n", "the command ran exactly once");
     assert_eq!(

@@ -41,7 +41,7 @@ async fn fifty_concurrent_runs_all_finish_with_gap_free_logs() {
         assert_log_ok(events);
         assert_eq!(terminal(events)["status"], "completed", "run {id}");
         assert_eq!(kinds(events, "file_written").len(), 3);
-        assert!(h.workspace(*id).join("app.js").exists());
+        assert!(h.workspace(*id).await.join("app.js").exists());
     }
     h.shutdown().await;
 }

@@ -23,7 +23,7 @@ async fn demo_run_writes_the_app_runs_ls_and_completes() {
     assert_eq!(fin["status"], "completed", "{fin}");
     assert_eq!(fin["reason"], "done");
     assert_eq!(fin["turns"], 2);
-    let ws = h.workspace(id);
+    let ws = h.workspace(id).await;
     for f in ["index.html", "style.css", "app.js"] {
         let content = std::fs::read_to_string(ws.join(f)).expect(f);
         assert!(!content.is_empty());

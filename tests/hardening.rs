@@ -100,7 +100,7 @@ async fn truncated_stream_keeps_the_complete_file() {
     let (id, events) = run_to_end(&h).await;
     assert_eq!(terminal(&events)["status"], "completed");
     // The complete turn-1 content is kept, not replaced by the prefix.
-    let app = std::fs::read_to_string(h.workspace(id).join("app.js")).unwrap();
+    let app = std::fs::read_to_string(h.workspace(id).await.join("app.js")).unwrap();
     assert_eq!(app, "console.log(\"complete version\");\n");
     let truncated = kinds(&events, "file_truncated");
     assert_eq!(truncated.len(), 1, "{events:#?}");
@@ -122,7 +122,7 @@ async fn one_bad_file_does_not_fail_its_batch() {
     let mut h = Harness::new(model.clone(), EngineConfig::default(), Budgets::default());
     h.start_worker(1, Duration::from_secs(5));
     let (id, events) = run_to_end(&h).await;
-    let ws = h.workspace(id);
+    let ws = h.workspace(id).await;
     assert_eq!(std::fs::read_to_string(ws.join("a.txt")).unwrap(), "a\n");
     assert_eq!(std::fs::read_to_string(ws.join("z.txt")).unwrap(), "z\n");
     let written: Vec<_> = kinds(&events, "file_written")
@@ -169,7 +169,8 @@ async fn a_failed_turn_leaves_nothing_pending() {
         "{:?}",
         terminal(&events)
     );
-    let key = edward::core::engine::Engine::sandbox_key(id);
+    let run = h.engine.get(id).await.unwrap().unwrap();
+    let key = edward::core::engine::Engine::sandbox_key(&run);
     let far = Utc::now() + chrono::TimeDelta::hours(1);
     let due = h.backends.write_buffer.due(far, 10_000).await.unwrap();
     assert!(!due.contains(&key), "the failed run's writes are still due");
@@ -256,7 +257,7 @@ async fn resume_rewrites_completed_files_the_workspace_lost() {
     handle.abort();
     let _ = handle.await;
     // The workspace is wiped while nobody runs the run.
-    let ws = h.workspace(id);
+    let ws = h.workspace(id).await;
     std::fs::remove_file(ws.join("a.txt")).unwrap();
     std::fs::write(ws.join("b.txt"), "changed").unwrap();
     h.start_worker(1, Duration::from_secs(5));

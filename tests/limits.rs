@@ -156,7 +156,7 @@ async fn an_oversized_file_is_refused_without_being_kept() {
     let id = h.submit("x").await;
     let events = collect(&h.engine, id).await;
     assert_log_ok(&events);
-    let ws = h.workspace(id);
+    let ws = h.workspace(id).await;
     assert!(!ws.join("big.txt").exists());
     assert_eq!(
         std::fs::read_to_string(ws.join("small.txt")).unwrap(),

@@ -148,7 +148,8 @@ async fn run_engine_with(
     .expect("run finishes within 60 s");
     shutdown.cancel();
     let _ = worker.await;
-    let ws = sandboxes.workspace_path(&Engine::sandbox_key(id));
+    let run = engine.get(id).await.expect("get").expect("run exists");
+    let ws = sandboxes.workspace_path(&Engine::sandbox_key(&run));
     (events, ws, dir)
 }
 

@@ -238,6 +238,11 @@ impl From<SubmitError> for ApiError {
                 }
             }
             SubmitError::Store(e) => e.into(),
+            e @ SubmitError::ChatBusy { .. } => ApiError {
+                limit: Some("chat"),
+                retry_after: Some(Duration::from_secs(5)),
+                ..ApiError::new(ErrorCode::LimitExceeded, e.to_string())
+            },
             e => {
                 tracing::error!(error = %e, "submit failed");
                 ApiError {

@@ -67,7 +67,7 @@ impl RunFiles {
         if !self.has_sandbox(store, run).await? {
             return Ok(None);
         }
-        let key = Engine::sandbox_key(run.id);
+        let key = Engine::sandbox_key(run);
         // Reattach only: reading files never creates a sandbox.
         Ok(self.sandboxes.attach(&key).await?)
     }

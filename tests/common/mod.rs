@@ -82,8 +82,14 @@ impl Harness {
     }
 
     /// Workspace directory of a run's sandbox.
-    pub fn workspace(&self, id: RunId) -> std::path::PathBuf {
-        self.provider.workspace_path(&Engine::sandbox_key(id))
+    /// (The chat's workspace: runs of one chat share it.)
+    pub async fn workspace(&self, id: RunId) -> std::path::PathBuf {
+        match self.engine.get(id).await.expect("get run") {
+            Some(run) => self.provider.workspace_path(&Engine::sandbox_key(&run)),
+            None => self
+                .provider
+                .workspace_path(&edward::core::SandboxKey("no-such-run".into())),
+        }
     }
 
     pub async fn submit(&self, prompt: &str) -> RunId {

@@ -186,6 +186,134 @@ pub struct EngineConfig {
     /// written (`file_write_failed` and a tool result) and its content is
     /// not kept in memory.
     pub max_file_bytes: usize,
+    /// How runs of one chat continue each other: history and snapshot
+    /// sizes, the double-texting policy, builds.
+    pub chat: ChatConfig,
+}
+
+/// What happens when a run is submitted to a chat that already has an
+/// active (queued or running) run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DoubleTexting {
+    /// Refuse the new run with [`SubmitError::ChatBusy`](super::SubmitError::ChatBusy)
+    /// naming the active run (the default).
+    #[default]
+    Reject,
+    /// Admit it `queued`; it starts when the earlier runs of the chat have
+    /// finished, in submission (run id) order.
+    Enqueue,
+    /// Cancel the chat's active runs, then start it once they have ended.
+    Interrupt,
+}
+
+impl DoubleTexting {
+    /// `reject`, `enqueue` or `interrupt`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DoubleTexting::Reject => "reject",
+            DoubleTexting::Enqueue => "enqueue",
+            DoubleTexting::Interrupt => "interrupt",
+        }
+    }
+}
+
+impl std::str::FromStr for DoubleTexting {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "reject" => Ok(DoubleTexting::Reject),
+            "enqueue" => Ok(DoubleTexting::Enqueue),
+            "interrupt" => Ok(DoubleTexting::Interrupt),
+            other => Err(format!(
+                "unknown double-texting policy `{other}` (reject, enqueue or interrupt)"
+            )),
+        }
+    }
+}
+
+/// Builds after a run that changed files.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct BuildConfig {
+    /// Run a build at all (default `false`: builds are opt-in). Even when
+    /// on, a project without a `build` script in `package.json` gets none.
+    pub enabled: bool,
+    /// The command (default: the package manager's `run build`).
+    pub command: Option<Vec<String>>,
+    /// How long a build may take (default 5 min).
+    pub timeout: Duration,
+    /// After a failed build, give the model one more turn with the build
+    /// output to fix it, then build again (default `true`; the turn counts
+    /// against the run's budgets).
+    pub autofix: bool,
+    /// Bytes of build output kept in the event, record and autofix prompt (8 KiB).
+    pub output_cap: usize,
+}
+
+impl Default for BuildConfig {
+    fn default() -> Self {
+        BuildConfig {
+            enabled: false,
+            command: None,
+            timeout: Duration::from_secs(300),
+            autofix: true,
+            output_cap: 8 * 1024,
+        }
+    }
+}
+
+impl BuildConfig {
+    /// Builds on, with the defaults otherwise.
+    pub fn enabled() -> Self {
+        BuildConfig {
+            enabled: true,
+            ..Self::default()
+        }
+    }
+
+    /// Use `command` instead of `<package manager> run build`.
+    pub fn with_command(mut self, command: Vec<String>) -> Self {
+        self.command = Some(command);
+        self
+    }
+
+    /// Turn the autofix turn on or off.
+    pub fn with_autofix(mut self, autofix: bool) -> Self {
+        self.autofix = autofix;
+        self
+    }
+}
+
+/// How a run continues its chat.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ChatConfig {
+    /// The default double-texting policy (a request may override it).
+    pub double_texting: DoubleTexting,
+    /// At most this many earlier messages are loaded (200); fewer may fit.
+    pub history_limit: usize,
+    /// At most this many files are listed in the project snapshot (200).
+    pub listed_files: usize,
+    /// Bytes of file text included in the snapshot, in total (24 KiB)…
+    pub snapshot_bytes: usize,
+    /// … and per file (8 KiB; bigger files are listed only).
+    pub snapshot_file_bytes: usize,
+    /// Builds after runs that changed files.
+    pub build: BuildConfig,
+}
+
+impl Default for ChatConfig {
+    fn default() -> Self {
+        ChatConfig {
+            double_texting: DoubleTexting::Reject,
+            history_limit: 200,
+            listed_files: 200,
+            snapshot_bytes: 24 * 1024,
+            snapshot_file_bytes: 8 * 1024,
+            build: BuildConfig::default(),
+        }
+    }
 }
 
 impl Default for EngineConfig {
@@ -207,6 +335,7 @@ impl Default for EngineConfig {
             max_abnormal_attempts: 5,
             max_turn_output_bytes: 8 * 1024 * 1024,
             max_file_bytes: 16 * 1024 * 1024,
+            chat: ChatConfig::default(),
         }
     }
 }
@@ -238,6 +367,10 @@ pub struct RunRequest {
     /// registry allows it. Only meaningful with a provider registry.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credential: Option<String>,
+    /// What to do if the chat already has an active run; `None` = the
+    /// engine's [`ChatConfig::double_texting`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub double_texting: Option<DoubleTexting>,
 }
 
 impl RunRequest {
@@ -254,7 +387,14 @@ impl RunRequest {
             model: None,
             budgets: None,
             credential: None,
+            double_texting: None,
         }
+    }
+
+    /// Override the engine's double-texting policy for this request.
+    pub fn with_double_texting(mut self, policy: DoubleTexting) -> Self {
+        self.double_texting = Some(policy);
+        self
     }
 
     /// Name the stored credential to use (see [`RunRequest::credential`]).

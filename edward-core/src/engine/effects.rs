@@ -450,6 +450,9 @@ pub(crate) enum EffectItem {
     WebSearch { query: String, max_results: u8 },
 }
 
+/// Bytes of a command's output kept in the chat's message of its turn.
+pub(crate) const NOTE_OUTPUT_CAP: usize = 2_000;
+
 /// What the handler reports at the end of a turn.
 #[derive(Debug, Default)]
 pub(crate) struct EffectReport {
@@ -459,6 +462,8 @@ pub(crate) struct EffectReport {
     pub skipped_run_limit: bool,
     /// Files reused from a previous attempt (not written again).
     pub reused_files: Vec<(String, u64)>,
+    /// Installs and commands, compactly, for the chat's message of this turn.
+    pub notes: crate::chat::TurnEffects,
 }
 
 /// Everything the handler needs.
@@ -826,7 +831,7 @@ impl EffectCtx {
                 key: key.clone(),
                 manager: manager.as_str().into(),
                 dependencies: dependencies.clone(),
-                framework,
+                framework: framework.clone(),
                 attempt: rec.attempts,
             })
             .await;
@@ -859,6 +864,11 @@ impl EffectCtx {
             self.complete_tool_run(&key, &r).await?;
             r
         };
+        report.notes.installs.push(crate::chat::InstallNote {
+            packages: dependencies,
+            framework,
+            exit_code: result.exit_code,
+        });
         report.results.push(ToolResult {
             index,
             title: format!("install ({}): {detail}", manager.as_str()),
@@ -927,11 +937,17 @@ impl EffectCtx {
             self.complete_tool_run(&key, &r).await?;
             r
         };
+        let body = result_body(&result);
+        report.notes.commands.push(crate::chat::CommandNote {
+            command: shown.clone(),
+            exit_code: result.exit_code,
+            output: super::prompt::bounded(&body, NOTE_OUTPUT_CAP),
+        });
         report.results.push(ToolResult {
             index,
             title: format!("command `{shown}`"),
             exit_code: result.exit_code,
-            body: result_body(&result),
+            body,
         });
         self.log
             .emit(EngineEvent::CommandFinished {
@@ -991,6 +1007,11 @@ impl EffectCtx {
                     reason: reason.clone(),
                 })
                 .await;
+            report.notes.commands.push(crate::chat::CommandNote {
+                command: shown.to_string(),
+                exit_code: None,
+                output: format!("rejected: {reason}"),
+            });
             report.results.push(ToolResult {
                 index,
                 title: format!("command `{shown}`: rejected"),

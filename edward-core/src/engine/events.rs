@@ -51,6 +51,57 @@ pub enum EngineEvent {
         /// The last seq that belonged to completed turns.
         superseded_after_seq: u64,
     },
+    /// The run waits for an earlier active run of its chat to finish before
+    /// it starts (runs of one chat never overlap: they share a workspace).
+    RunWaiting {
+        /// The earlier run it waits for.
+        behind: String,
+    },
+    /// The project's framework, detected before the first model call.
+    FrameworkDetected {
+        /// `next`, `astro`, `svelte`, `vite`, `vue`, `react`, `static` or `none`.
+        framework: String,
+        /// The fact it rests on.
+        evidence: String,
+    },
+    /// The model's context was assembled (before the first `turn_started`).
+    ContextPrepared {
+        /// Earlier chat messages included.
+        history_messages: u32,
+        /// Earlier chat messages dropped (oldest first) to fit.
+        history_dropped: u32,
+        /// Workspace files listed.
+        files_listed: u32,
+        /// Workspace files whose text is included.
+        files_included: u32,
+        /// Estimated input tokens of the first request.
+        estimated_tokens: u64,
+    },
+    /// A build job started (after the turns that changed files).
+    BuildStarted {
+        /// 1 for the first build, 2 for the build after an autofix turn.
+        number: u32,
+        /// The program and arguments.
+        command: Vec<String>,
+        /// The worker that claimed it.
+        worker: String,
+    },
+    /// A build job finished.
+    BuildFinished {
+        /// Build number.
+        number: u32,
+        /// `succeeded` or `failed`.
+        status: String,
+        /// Exit code (`None` if it could not run or timed out).
+        exit_code: Option<i32>,
+        /// Output, capped.
+        output: String,
+        /// Wall time.
+        duration_ms: u64,
+        /// Whether an autofix turn follows.
+        #[serde(default, skip_serializing_if = "is_false")]
+        autofix: bool,
+    },
     /// A cancel was requested (recorded once, however often it is asked);
     /// the run ends `cancelled` when a worker honours it.
     CancelRequested {},
@@ -357,6 +408,11 @@ impl EngineEvent {
             EngineEvent::RunResumed { .. } => "run_resumed",
             EngineEvent::TurnRestarted { .. } => "turn_restarted",
             EngineEvent::CancelRequested {} => "cancel_requested",
+            EngineEvent::RunWaiting { .. } => "run_waiting",
+            EngineEvent::FrameworkDetected { .. } => "framework_detected",
+            EngineEvent::ContextPrepared { .. } => "context_prepared",
+            EngineEvent::BuildStarted { .. } => "build_started",
+            EngineEvent::BuildFinished { .. } => "build_finished",
             EngineEvent::TurnStarted { .. } => "turn_started",
             EngineEvent::TextDelta { .. } => "text_delta",
             EngineEvent::ThinkingDelta { .. } => "thinking_delta",

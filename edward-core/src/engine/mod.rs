@@ -38,9 +38,12 @@ use bytes::Bytes;
 
 mod backend;
 mod budget;
+mod chat_run;
 mod config;
+pub mod context;
 mod effects;
 mod events;
+pub mod framework;
 mod outcome;
 mod prompt;
 mod retention;
@@ -54,7 +57,8 @@ mod worker;
 pub use backend::{Backend, MixedDurability};
 pub use budget::{BudgetKind, Budgets, InvalidBudget};
 pub use config::{
-    CommandPolicy, EngineConfig, MAX_ID_BYTES, MAX_PROMPT_BYTES, PackageManager, RunRequest,
+    BuildConfig, ChatConfig, CommandPolicy, DoubleTexting, EngineConfig, MAX_ID_BYTES,
+    MAX_PROMPT_BYTES, PackageManager, RunRequest,
 };
 pub use config::{PreparedCommand, ScriptPolicy, git_config_hazard};
 pub use events::{EngineEvent, ToolRun};
@@ -70,6 +74,7 @@ pub mod unstable {
     pub use super::prompt::{NUDGE_MESSAGE, SYSTEM_PROMPT, ToolResult, continuation_message};
 }
 
+use crate::RunFilter;
 use crate::pricing::PriceTable;
 use crate::scripted::ScriptedModel;
 use crate::{
@@ -93,6 +98,16 @@ pub enum SubmitError {
     /// Admission control refused it.
     #[error(transparent)]
     Rejected(#[from] AdmissionError),
+    /// The chat already has an active run and the double-texting policy is
+    /// [`DoubleTexting::Reject`]: submit again after it ends, cancel it, or
+    /// use `enqueue`/`interrupt`.
+    #[error("chat `{chat_id}` already has an active run ({active_run})")]
+    ChatBusy {
+        /// The chat.
+        chat_id: String,
+        /// Its active run.
+        active_run: RunId,
+    },
     /// The store failed.
     #[error("could not admit the run")]
     Store(#[source] StoreError),
@@ -114,7 +129,7 @@ impl SubmitError {
     pub fn is_retryable(&self) -> bool {
         match self {
             SubmitError::Invalid { .. } => false,
-            SubmitError::Rejected(_) => true,
+            SubmitError::Rejected(_) | SubmitError::ChatBusy { .. } => true,
             SubmitError::Store(e) => e.is_retryable(),
             SubmitError::Queue(e) => e.is_retryable(),
         }
@@ -448,9 +463,11 @@ impl Engine {
         &self.inner.default_model
     }
 
-    /// The sandbox key of a run (`run-{id}`).
-    pub fn sandbox_key(run_id: RunId) -> SandboxKey {
-        SandboxKey(format!("run-{run_id}"))
+    /// The sandbox key of a run: its chat's
+    /// ([`chat_sandbox_key`](crate::chat::chat_sandbox_key) of its user and
+    /// chat), shared by every run of the chat.
+    pub fn sandbox_key(run: &Run) -> SandboxKey {
+        crate::chat::chat_sandbox_key(&run.user_id, &run.chat_id)
     }
 
     /// Validate every field of `req`.
@@ -536,10 +553,24 @@ impl Engine {
             request,
             first_event,
         };
-        match self.inner.store.admit(new_run, self.inner.limits).await {
+        let policy = req
+            .double_texting
+            .unwrap_or(self.inner.config.chat.double_texting);
+        let mut limits = self.inner.limits;
+        if policy != DoubleTexting::Reject {
+            // The chat's runs wait for each other instead (see `run_waiting`).
+            limits.per_chat = u32::MAX;
+        }
+        match self.inner.store.admit(new_run, limits).await {
             Ok(_) => {}
+            Err(AdmitError::Rejected(AdmissionError::ChatLimit { limit })) => {
+                return Err(self.chat_busy(&req, limit).await);
+            }
             Err(AdmitError::Rejected(e)) => return Err(SubmitError::Rejected(e)),
             Err(AdmitError::Store(e)) => return Err(SubmitError::Store(e)),
+        }
+        if policy == DoubleTexting::Interrupt {
+            self.interrupt_chat(&req, id).await;
         }
         let _ = self.inner.notifier.notify_events(id, 1).await;
         if let Err(e) = self.inner.queue.enqueue(id).await {
@@ -558,6 +589,108 @@ impl Engine {
         self.inner.wake.notify_waiters();
         tracing::info!(run_id = %id, "run submitted");
         Ok(id)
+    }
+
+    /// The typed rejection of a submit to a busy chat, naming its active run.
+    async fn chat_busy(&self, req: &RunRequest, limit: u32) -> SubmitError {
+        for status in [RunStatus::Running, RunStatus::Queued] {
+            if let Ok(runs) = self
+                .inner
+                .store
+                .list_user_runs(
+                    &req.user_id,
+                    &RunFilter::new().chat(req.chat_id.clone()).status(status),
+                    None,
+                    1,
+                )
+                .await
+            {
+                if let Some(active) = runs.first() {
+                    return SubmitError::ChatBusy {
+                        chat_id: req.chat_id.clone(),
+                        active_run: active.id,
+                    };
+                }
+            }
+        }
+        // It ended in between: the limit is all there is to say.
+        SubmitError::Rejected(AdmissionError::ChatLimit { limit })
+    }
+
+    /// Cancel the chat's runs older than `new_run` (policy `interrupt`).
+    /// Every submit cancels only older runs, so of concurrent interrupting
+    /// submits the newest run survives.
+    async fn interrupt_chat(&self, req: &RunRequest, new_run: RunId) {
+        for status in [RunStatus::Running, RunStatus::Queued] {
+            let mut before = Some(new_run);
+            loop {
+                let page = match self
+                    .inner
+                    .store
+                    .list_user_runs(
+                        &req.user_id,
+                        &RunFilter::new().chat(req.chat_id.clone()).status(status),
+                        before,
+                        100,
+                    )
+                    .await
+                {
+                    Ok(p) => p,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "interrupt: could not list the chat's runs");
+                        break;
+                    }
+                };
+                for run in &page {
+                    if let Err(e) = self.cancel(run.id).await {
+                        tracing::warn!(run_id = %run.id, error = %e, "interrupt: cancel failed");
+                    }
+                }
+                match page.last() {
+                    Some(last) if page.len() == 100 => before = Some(last.id),
+                    _ => break,
+                }
+            }
+        }
+    }
+
+    /// The chat's messages (prompts, and each turn's reply with its side
+    /// effects), oldest first: the newest `limit`.
+    pub async fn chat_messages(
+        &self,
+        user_id: &str,
+        chat_id: &str,
+        limit: usize,
+    ) -> Result<Vec<crate::chat::ChatMessage>, StoreError> {
+        self.inner
+            .store
+            .chat_messages(user_id, chat_id, None, limit)
+            .await
+    }
+
+    /// One page of the chat's runs, newest first (see
+    /// [`RunStore::list_user_runs`]).
+    pub async fn chat_runs(
+        &self,
+        user_id: &str,
+        chat_id: &str,
+        before: Option<RunId>,
+        limit: usize,
+    ) -> Result<Vec<Run>, StoreError> {
+        self.inner
+            .store
+            .list_user_runs(
+                user_id,
+                &RunFilter::new().chat(chat_id.to_string()),
+                before,
+                limit,
+            )
+            .await
+    }
+
+    /// The build jobs of a run, by number.
+    pub async fn builds(&self, run_id: RunId) -> Result<Vec<crate::chat::BuildJob>, StoreError> {
+        self.inner.store.builds(run_id).await
     }
 
     /// The run, if it exists.
@@ -662,10 +795,10 @@ impl Engine {
     /// Destroy a run's sandbox and everything in it (idempotent). The run's
     /// record and events stay.
     pub async fn destroy_sandbox(&self, run_id: RunId) -> Result<(), FilesError> {
-        self.run_exists(run_id).await?;
+        let run = self.run_exists(run_id).await?;
         self.inner
             .sandboxes
-            .destroy(&Self::sandbox_key(run_id))
+            .destroy(&Self::sandbox_key(&run))
             .await
             .map_err(FilesError::Sandbox)
     }
@@ -680,10 +813,10 @@ impl Engine {
     }
 
     async fn attach(&self, run_id: RunId) -> Result<Arc<dyn crate::Sandbox>, FilesError> {
-        self.run_exists(run_id).await?;
+        let run = self.run_exists(run_id).await?;
         self.inner
             .sandboxes
-            .attach(&Self::sandbox_key(run_id))
+            .attach(&Self::sandbox_key(&run))
             .await
             .map_err(FilesError::Sandbox)?
             .ok_or(FilesError::NoSandbox { run_id })

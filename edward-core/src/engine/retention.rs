@@ -104,7 +104,9 @@ async fn reap(
                 }
             } => {
                 if let Some(Reverse((_, run_id))) = due.pop() {
-                    let key = Engine::sandbox_key(run_id);
+                    let Some(key) = idle_chat_key(&inner, run_id).await else {
+                        continue;
+                    };
                     match inner.sandboxes.destroy(&key).await {
                         Ok(()) => tracing::debug!(%run_id, "sandbox retention: destroyed"),
                         Err(e) => tracing::warn!(%run_id, error = %e, "sandbox retention: destroy failed"),
@@ -113,4 +115,25 @@ async fn reap(
             }
         }
     }
+}
+
+/// The sandbox key of `run_id`'s chat if `run_id` is the chat's newest run
+/// and has finished: a chat's workspace is reaped only `retention` after
+/// its last run (an older run's timer leaves it alone).
+async fn idle_chat_key(inner: &Inner, run_id: RunId) -> Option<crate::SandboxKey> {
+    let run = inner.store.get_run(run_id).await.ok()??;
+    if !run.status.is_terminal() {
+        return None;
+    }
+    let newest = inner
+        .store
+        .list_user_runs(
+            &run.user_id,
+            &crate::RunFilter::new().chat(run.chat_id.clone()),
+            None,
+            1,
+        )
+        .await
+        .ok()?;
+    (newest.first().map(|r| r.id) == Some(run_id)).then(|| Engine::sandbox_key(&run))
 }

@@ -11,6 +11,11 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+mod chat;
+
+pub(crate) use chat::DEFER_POLICY;
+use chat::wait_for_chat;
+
 use super::Inner;
 use super::budget::{BudgetKind, BudgetState, Budgets};
 use super::config::RunRequest;
@@ -80,6 +85,19 @@ struct RunState {
     /// Attempts that ended early, by cause.
     #[serde(default)]
     attempts: AttemptCounts,
+    /// The system prompt with this chat's project section (assembled once,
+    /// at the first start); `None` for checkpoints from before chats.
+    #[serde(default)]
+    system: Option<String>,
+    /// Whether any turn of the run wrote a file (a build follows only then).
+    #[serde(default)]
+    files_changed: bool,
+    /// Build jobs run so far.
+    #[serde(default)]
+    builds: u32,
+    /// The autofix turn, once one was granted after a failed build.
+    #[serde(default)]
+    autofix_turn: Option<u32>,
 }
 
 /// How a run attempt ended on this worker.
@@ -94,6 +112,9 @@ pub(crate) enum AttemptEnd {
     /// A permanent failure (a non-retryable store error): finish the run
     /// `failed` rather than retrying what cannot succeed.
     Fail(String),
+    /// Not yet: an earlier run of the chat is active. Reschedule the job
+    /// without counting a failure.
+    Defer(String),
 }
 
 /// Attempts of a run that ended early, by cause (saved in the checkpoint).
@@ -102,6 +123,9 @@ pub(crate) enum AttemptEnd {
 struct AttemptCounts {
     /// Attempts that failed on transient infrastructure and were retried.
     infra: u32,
+    /// Claims before the first start that were deferred because an earlier
+    /// run of the chat was active (they are not abnormal).
+    deferred: u32,
 }
 
 /// Terminal summary fields.
@@ -204,6 +228,9 @@ pub(crate) async fn execute(
     let run_id = lease.run_id;
     let span = tracing::info_span!("run", run_id = %run_id, attempt = lease.attempt);
     async move {
+        if let Some(end) = wait_for_chat(&inner, &lease).await {
+            return end;
+        }
         let run = match inner.store.start_run(run_id, lease.fence).await {
             Ok(r) => r,
             Err(StoreError::Finished { .. }) => return AttemptEnd::Finished,
@@ -250,6 +277,7 @@ pub(crate) async fn execute(
             max_infra,
             interrupted: std::sync::Mutex::new(Interrupted::default()),
             client: std::sync::OnceLock::new(),
+            worker: worker_id.clone(),
         };
         let driven = async {
             let end = match ctx.drive(run, &lease, &worker_id).await {
@@ -300,6 +328,8 @@ struct RunCtx {
     interrupted: std::sync::Mutex<Interrupted>,
     /// This run's client when a registry routes runs (set once in `drive`).
     client: std::sync::OnceLock<Arc<dyn crate::ModelClient>>,
+    /// The worker running this attempt.
+    worker: String,
 }
 
 /// What a model call that did not end normally left behind: the usage of a
@@ -399,7 +429,7 @@ impl RunCtx {
             },
         };
         // Discard file writes a previous attempt left pending: the turn is replayed.
-        let key = crate::SandboxKey(format!("run-{}", self.run_id));
+        let key = crate::chat::chat_sandbox_key(&run.user_id, &run.chat_id);
         let _ = self.inner.write_buffer.take(&key).await;
 
         let previous_attempt = run.last_seq > 1;
@@ -461,10 +491,36 @@ impl RunCtx {
                     started_at: Utc::now(),
                     last_seq: 0,
                     attempts: AttemptCounts::default(),
+                    system: None,
+                    files_changed: false,
+                    builds: 0,
+                    autofix_turn: None,
                 }
             }
         };
 
+        if resumed_from_checkpoint {
+            // Messages of turns this attempt replays are superseded.
+            if let Err(e) = self
+                .inner
+                .store
+                .put_messages(self.run_id, self.fence, state.budget.turns + 1, Vec::new())
+                .await
+            {
+                return self.store_error(e);
+            }
+        } else {
+            if !previous_attempt {
+                // Earlier claims were deferred behind the chat's other runs.
+                state.attempts.deferred = lease.attempt.saturating_sub(1);
+            }
+            if let Err(end) = self
+                .prepare_context(&run, &request, &model, &budgets, &key, &mut state)
+                .await
+            {
+                return end;
+            }
+        }
         if !resumed_from_checkpoint {
             // Checkpoint 0: fixes the start time (the deadline spans resumes)
             // and the seq before turn 1 (for `turn_restarted`).
@@ -586,6 +642,7 @@ impl RunCtx {
             .attempt
             .saturating_sub(1)
             .saturating_sub(state.attempts.infra)
+            .saturating_sub(state.attempts.deferred)
     }
 
     async fn turns(
@@ -610,7 +667,10 @@ impl RunCtx {
             }
             let mut request = ModelRequest {
                 model: model.to_string(),
-                system: SYSTEM_PROMPT.to_string(),
+                system: state
+                    .system
+                    .clone()
+                    .unwrap_or_else(|| SYSTEM_PROMPT.to_string()),
                 messages: state.messages.clone(),
                 max_output_tokens: None,
                 temperature: None,
@@ -800,44 +860,82 @@ impl RunCtx {
                 })
                 .await;
             tracing::debug!(turn, ?outcome, "turn finished");
-            match outcome {
-                TurnOutcome::Complete => {
-                    return self
-                        .finish(
-                            RunStatus::Completed,
-                            "done",
-                            &state.budget,
-                            state.started_at,
-                        )
-                        .await;
-                }
-                TurnOutcome::Stop(reason) => {
-                    return self
-                        .finish(
-                            RunStatus::Completed,
-                            &reason.reason(),
-                            &state.budget,
-                            state.started_at,
-                        )
-                        .await;
-                }
-                TurnOutcome::Continue | TurnOutcome::Nudge => {
-                    state.messages.push(Message {
-                        role: Role::Assistant,
-                        content: report.output_view.clone(),
-                    });
-                    let next = if outcome == TurnOutcome::Nudge {
-                        NUDGE_MESSAGE.to_string()
-                    } else {
-                        continuation_message(turn, &files, &results, self.inner.config.result_cap)
-                    };
-                    state.messages.push(Message {
-                        role: Role::User,
-                        content: next,
-                    });
-                    state.previous_was_nudge = outcome == TurnOutcome::Nudge;
-                }
+            if !files.is_empty() {
+                state.files_changed = true;
             }
+            let mut notes = report.effects.notes.clone();
+            notes.files = files
+                .iter()
+                .map(|(path, bytes)| crate::chat::FileNote {
+                    path: path.clone(),
+                    bytes: *bytes,
+                })
+                .collect();
+            let finish_reason = match &outcome {
+                TurnOutcome::Complete => Some("done".to_string()),
+                TurnOutcome::Stop(reason) => Some(reason.reason()),
+                TurnOutcome::Continue | TurnOutcome::Nudge => None,
+            };
+            // The autofix turn is the last one, whatever it says.
+            let last = finish_reason.is_some() || state.autofix_turn == Some(turn);
+            let mut build = chat::BuildEnd {
+                failed: false,
+                autofix: None,
+            };
+            if last {
+                build = match self.build(turn, budgets, state, target, &mut notes).await {
+                    Ok(b) => b,
+                    Err(end) => return end,
+                };
+            }
+            // The chat's message of this turn, before its checkpoint or
+            // terminal event (a replay of the turn replaces it).
+            let reply = super::chat_run::visible_text(&report.output_view);
+            if let Err(e) = self
+                .inner
+                .store
+                .put_messages(
+                    self.run_id,
+                    self.fence,
+                    turn,
+                    vec![crate::chat::NewMessage::assistant(reply, notes)],
+                )
+                .await
+            {
+                return self.store_error(e);
+            }
+            if last && build.autofix.is_none() {
+                let reason = if build.failed {
+                    "build_failed".to_string()
+                } else {
+                    finish_reason.unwrap_or_else(|| "done".to_string())
+                };
+                return self
+                    .finish(
+                        RunStatus::Completed,
+                        &reason,
+                        &state.budget,
+                        state.started_at,
+                    )
+                    .await;
+            }
+            state.messages.push(Message {
+                role: Role::Assistant,
+                content: report.output_view.clone(),
+            });
+            let next = if let Some(prompt) = build.autofix {
+                state.autofix_turn = Some(turn + 1);
+                prompt
+            } else if outcome == TurnOutcome::Nudge {
+                NUDGE_MESSAGE.to_string()
+            } else {
+                continuation_message(turn, &files, &results, self.inner.config.result_cap)
+            };
+            state.messages.push(Message {
+                role: Role::User,
+                content: next,
+            });
+            state.previous_was_nudge = outcome == TurnOutcome::Nudge;
             // Checkpoint: the turn's events are persisted first.
             match self.log.flush().await {
                 Ok(seq) => state.last_seq = seq,

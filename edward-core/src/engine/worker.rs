@@ -289,6 +289,16 @@ async fn run_task(
             retention.finished(run_id);
         }
         AttemptEnd::Abandoned => tracing::info!(%run_id, "run abandoned on this worker"),
+        AttemptEnd::Defer(msg) => {
+            tracing::debug!(%run_id, reason = %msg, "run deferred");
+            if let Err(e) = inner
+                .queue
+                .retry(&held, &msg, super::run::DEFER_POLICY)
+                .await
+            {
+                tracing::warn!(%run_id, error = %e, "could not defer the run");
+            }
+        }
         AttemptEnd::Retry(msg) | AttemptEnd::Fail(msg) => {
             tracing::warn!(%run_id, error = %msg, "attempt failed; retrying");
             match inner.queue.retry(&held, &msg, cfg.retry).await {
