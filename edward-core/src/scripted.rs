@@ -12,6 +12,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
+use crate::engine::context::NEW_REQUEST;
 use crate::pricing::estimate_tokens;
 use crate::{
     FinishReason, ModelChunk, ModelClient, ModelError, ModelRequest, ModelStream, Role, Usage,
@@ -114,8 +115,18 @@ impl ScriptedModel {
 
     /// The built-in demo: a static todo app (index.html, style.css, app.js),
     /// no installs, `ls -la` to check, then a second turn that reads the
-    /// listing and finishes.
+    /// listing and finishes. A follow-up message in the same chat (a request
+    /// that carries earlier history) gets the follow-up transcript instead: it
+    /// adds a dark mode toggle by rewriting `index.html`, a file the first run
+    /// wrote, and adding `theme.js`.
     pub fn demo() -> Self {
+        let first: ScriptFn = Arc::new(|req: &ModelRequest| {
+            if is_follow_up(req) {
+                DEMO_FOLLOW_UP.to_string()
+            } else {
+                DEMO_TURN_1.to_string()
+            }
+        });
         let check: ScriptFn = Arc::new(|req: &ModelRequest| {
             let last = req
                 .messages
@@ -127,17 +138,92 @@ impl ScriptedModel {
             let all = ["index.html", "style.css", "app.js"]
                 .iter()
                 .all(|f| last.contains(f));
-            if all && last.contains("exit code 0") {
+            if all && last.contains("exit code 0") && is_follow_up(req) {
+                "The listing shows theme.js next to the app. Reload index.html: the 🌙 button in the header switches between light and dark, and the choice is remembered.\n<edward_done/>".to_string()
+            } else if all && last.contains("exit code 0") {
                 "The listing shows index.html, style.css and app.js in the workspace, so the app is complete. Open index.html in a browser: add todos, tick them off, filter them, and they persist in localStorage.\n<edward_done/>".to_string()
             } else {
                 "The listing did not show all three files; the files were written above, so I'll stop here. Open index.html in a browser to use the app.\n<edward_done/>".to_string()
             }
         });
-        ScriptedModel::new([Script::Text(DEMO_TURN_1.to_string()), Script::Func(check)])
+        ScriptedModel::new([Script::Func(first), Script::Func(check)])
             .with_chunk_bytes(48)
             .with_delay(Duration::from_millis(4))
     }
 }
+
+/// Whether the request continues a chat (its prompt follows earlier history).
+fn is_follow_up(req: &ModelRequest) -> bool {
+    req.messages
+        .iter()
+        .any(|m| m.role == Role::User && m.content.contains(NEW_REQUEST))
+}
+
+/// The follow-up of the demo: "add a dark mode toggle".
+const DEMO_FOLLOW_UP: &str = r#"I'll add a dark mode toggle: a button in the header of index.html, a small theme.js that flips a class on <body> and remembers the choice, and dark colours in dark.css.
+<edward_sandbox project="todo-app">
+<file path="index.html">
+<!doctype html>
+<html lang="en">
+<head>
+  <meta charset="utf-8">
+  <meta name="viewport" content="width=device-width, initial-scale=1">
+  <title>Todos</title>
+  <link rel="stylesheet" href="style.css">
+  <link rel="stylesheet" href="dark.css">
+</head>
+<body>
+  <main class="app">
+    <header class="top">
+      <h1>Todos</h1>
+      <button id="theme" class="theme" title="Toggle dark mode">🌙</button>
+    </header>
+    <form id="new-todo">
+      <input id="title" autocomplete="off" placeholder="What needs doing?" required>
+      <button type="submit">Add</button>
+    </form>
+    <nav class="filters">
+      <button data-filter="all" class="active">All</button>
+      <button data-filter="open">Open</button>
+      <button data-filter="done">Done</button>
+    </nav>
+    <ul id="list"></ul>
+    <p id="count"></p>
+  </main>
+  <script src="theme.js"></script>
+  <script src="app.js"></script>
+</body>
+</html>
+</file>
+<file path="theme.js">
+const THEME_KEY = "edward-theme";
+const toggle = document.getElementById("theme");
+function applyTheme(dark) {
+  document.body.classList.toggle("dark", dark);
+  toggle.textContent = dark ? "☀️" : "🌙";
+}
+applyTheme(localStorage.getItem(THEME_KEY) === "dark");
+toggle.addEventListener("click", () => {
+  const dark = !document.body.classList.contains("dark");
+  localStorage.setItem(THEME_KEY, dark ? "dark" : "light");
+  applyTheme(dark);
+});
+</file>
+</edward_sandbox>
+Now the dark colours, then a check of the workspace.
+<edward_sandbox project="todo-app">
+<file path="dark.css">
+body.dark { background: #111827; color: #e5e7eb; }
+body.dark .app { background: #1f2937; box-shadow: none; }
+body.dark input { background: #111827; color: #e5e7eb; border-color: #374151; }
+body.dark .filters button { background: #374151; color: #e5e7eb; }
+body.dark li { border-color: #374151; }
+.top { display: flex; align-items: center; justify-content: space-between; }
+.theme { background: transparent; font-size: 1.25rem; }
+</file>
+</edward_sandbox>
+<edward_command command="ls" args='["-la"]' />
+"#;
 
 /// Turn 1 of the demo.
 const DEMO_TURN_1: &str = r#"I'll build a small todo app as a static page: HTML for the structure, CSS for the look, and plain JavaScript that keeps the todos in localStorage.
@@ -279,8 +365,14 @@ impl ModelClient for ScriptedModel {
         if cancel.is_cancelled() {
             return Err(ModelError::Cancelled);
         }
-        let turn = request
+        // Turns of this run: replies after the chat's history, which ends
+        // at the user message carrying the new request.
+        let run_start = request
             .messages
+            .iter()
+            .rposition(|m| m.role == Role::User && m.content.contains(NEW_REQUEST))
+            .unwrap_or(0);
+        let turn = request.messages[run_start..]
             .iter()
             .filter(|m| m.role == Role::Assistant)
             .count();

@@ -11,6 +11,11 @@ use super::framework::Detection;
 use crate::chat::{ChatMessage, MessageRole, TurnEffects};
 use crate::{Message, Role};
 
+/// The first line of the new prompt's message when history precedes it:
+/// tells the model (and [`ScriptedModel`](crate::scripted::ScriptedModel))
+/// where this run's request begins.
+pub const NEW_REQUEST: &str = "[New request in this chat]";
+
 /// The workspace as the model is shown it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ProjectSnapshot {
@@ -83,7 +88,7 @@ pub fn assemble_context(
         .collect();
     let mut included = input.snapshot.contents.len();
     let mut system = project_system(input, included);
-    let prompt_cost = estimate(input.prompt);
+    let prompt_cost = estimate(input.prompt) + estimate(NEW_REQUEST) + 1;
     let mut fixed = estimate(&system) + prompt_cost;
     let mut history_cost: u64 = costs.iter().sum();
     let mut first = 0; // first history message kept
@@ -116,9 +121,14 @@ pub fn assemble_context(
     for parts in &rendered[first..] {
         messages.extend(parts.iter().cloned());
     }
+    let content = if messages.is_empty() {
+        input.prompt.to_string()
+    } else {
+        format!("{NEW_REQUEST}\n{}", input.prompt)
+    };
     messages.push(Message {
         role: Role::User,
-        content: input.prompt.to_string(),
+        content,
     });
     let messages = merge_roles(messages);
     let estimated_tokens =

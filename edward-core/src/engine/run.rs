@@ -228,7 +228,7 @@ pub(crate) async fn execute(
     let run_id = lease.run_id;
     let span = tracing::info_span!("run", run_id = %run_id, attempt = lease.attempt);
     async move {
-        if let Some(end) = wait_for_chat(&inner, &lease).await {
+        if let Some(end) = wait_for_chat(&inner, &lease, &control).await {
             return end;
         }
         let run = match inner.store.start_run(run_id, lease.fence).await {

@@ -2,9 +2,11 @@
 //! the context at the first start, and the build job (with its one autofix
 //! turn) after the last turn.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use super::{AttemptEnd, RunCtx, RunState};
+use futures::StreamExt;
+
+use super::{AttemptEnd, RunControl, RunCtx, RunState, StopCause};
 use crate::chat::{BuildResult, BuildStatus, CommandNote, NewMessage, TurnEffects};
 use crate::engine::Inner;
 use crate::engine::budget::Budgets;
@@ -15,6 +17,7 @@ use crate::engine::effects::{EffectError, FlushTarget, NOTE_OUTPUT_CAP};
 use crate::engine::events::EngineEvent;
 use crate::engine::framework::{build_script, detect_framework};
 use crate::engine::prompt::{SYSTEM_PROMPT, bounded};
+use crate::engine::tail;
 use crate::{ExecRequest, Lease, SandboxError, SandboxKey, SandboxPath, StoreError};
 
 /// How a run's claim is rescheduled while an earlier run of its chat is
@@ -25,23 +28,82 @@ pub(crate) const DEFER_POLICY: crate::RetryPolicy = crate::RetryPolicy {
     max_delay_ms: 1_000,
 };
 
-/// Before a run starts: `Some(Defer)` while an earlier run of its chat is
-/// active (after recording `run_waiting` once per run waited for).
-pub(crate) async fn wait_for_chat(inner: &Inner, lease: &Lease) -> Option<AttemptEnd> {
-    let run = match inner.store.get_run(lease.run_id).await {
-        Ok(Some(run)) => run,
-        // Start handles missing and failing stores uniformly.
-        Ok(None) | Err(_) => return None,
-    };
-    if run.status != crate::RunStatus::Queued {
-        return None; // started before: it was never behind anyone since
+/// How long a claimed run waits (holding its worker slot) for an earlier
+/// run of its chat before its claim is deferred instead: long enough that a
+/// successor usually starts the moment its predecessor ends, short enough
+/// that waiting runs cannot keep a worker's slots from runs that can go.
+const WAIT_SLICE: Duration = Duration::from_secs(5);
+
+/// Before a run starts: wait (up to [`WAIT_SLICE`]) while an earlier run of
+/// its chat is active, recording `run_waiting` once per run waited for;
+/// `Some(Defer)` if one is still active then, `Some(Abandoned)` if the
+/// worker is shutting down or lost the lease.
+pub(crate) async fn wait_for_chat(
+    inner: &Inner,
+    lease: &Lease,
+    control: &RunControl,
+) -> Option<AttemptEnd> {
+    let give_up = tokio::time::Instant::now() + WAIT_SLICE;
+    loop {
+        let run = match inner.store.get_run(lease.run_id).await {
+            Ok(Some(run)) => run,
+            // Start handles missing and failing stores uniformly.
+            Ok(None) | Err(_) => return None,
+        };
+        if run.status != crate::RunStatus::Queued {
+            return None; // started before, so never behind anyone since
+        }
+        let behind = match chat_run::blocked_by(&*inner.store, &run).await {
+            Ok(Some(other)) => other,
+            Ok(None) => return None,
+            Err(e) if e.is_retryable() => return Some(AttemptEnd::Retry(e.to_string())),
+            Err(_) => return None,
+        };
+        note_waiting(inner, &run, lease, behind).await;
+        let other_last = match inner.store.get_run(behind).await {
+            Ok(Some(o)) if !o.status.is_terminal() => o.last_seq,
+            Ok(_) => continue,
+            Err(e) => return Some(AttemptEnd::Retry(e.to_string())),
+        };
+        let mut events = tail::tail(
+            inner.store.clone(),
+            inner.notifier.clone(),
+            behind,
+            other_last,
+            inner.config.tail_backstop,
+        );
+        let ended = async {
+            while let Some(e) = events.next().await {
+                match e {
+                    Ok(e) if e.is_terminal() => return,
+                    Ok(_) => {}
+                    Err(_) => return, // re-check from the top
+                }
+            }
+        };
+        tokio::select! {
+            () = ended => {}
+            () = tokio::time::sleep_until(give_up) => {
+                return Some(AttemptEnd::Defer(format!(
+                    "waiting for run {behind} of the same chat"
+                )));
+            }
+            () = control.token.cancelled() => {
+                return match control.cause() {
+                    // A cancelled run starts and ends `cancelled` at once.
+                    Some(StopCause::Cancelled) => None,
+                    Some(StopCause::FinishedElsewhere) => Some(AttemptEnd::Finished),
+                    _ => Some(AttemptEnd::Abandoned),
+                };
+            }
+        }
     }
-    let behind = match chat_run::blocked_by(&*inner.store, &run).await {
-        Ok(Some(other)) => other,
-        Ok(None) => return None,
-        Err(e) if e.is_retryable() => return Some(AttemptEnd::Retry(e.to_string())),
-        Err(_) => return None,
-    };
+}
+
+/// Append `run_waiting` unless the run's last event already says it waits
+/// for `behind`.
+async fn note_waiting(inner: &Inner, run: &crate::Run, lease: &Lease, behind: crate::RunId) {
+    let behind = behind.to_string();
     let already = inner
         .store
         .events_after(run.id, run.last_seq.saturating_sub(1), 1)
@@ -50,26 +112,21 @@ pub(crate) async fn wait_for_chat(inner: &Inner, lease: &Lease) -> Option<Attemp
         .and_then(|e| e.into_iter().next())
         .is_some_and(|e| {
             e.kind == "run_waiting"
-                && e.payload.get("behind").and_then(|b| b.as_str()) == Some(&behind.to_string())
+                && e.payload.get("behind").and_then(|b| b.as_str()) == Some(behind.as_str())
         });
-    if !already {
-        let event = EngineEvent::RunWaiting {
-            behind: behind.to_string(),
-        }
-        .into_new_event();
-        if let Ok(written) = inner
-            .store
-            .append_events(run.id, lease.fence, vec![event])
-            .await
-        {
-            if let Some(last) = written.last() {
-                let _ = inner.notifier.notify_events(run.id, last.seq).await;
-            }
+    if already {
+        return;
+    }
+    let event = EngineEvent::RunWaiting { behind }.into_new_event();
+    if let Ok(written) = inner
+        .store
+        .append_events(run.id, lease.fence, vec![event])
+        .await
+    {
+        if let Some(last) = written.last() {
+            let _ = inner.notifier.notify_events(run.id, last.seq).await;
         }
     }
-    Some(AttemptEnd::Defer(format!(
-        "waiting for run {behind} of the same chat"
-    )))
 }
 
 /// How the build after the last turn went.
