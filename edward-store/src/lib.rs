@@ -22,6 +22,8 @@
 //! type; behaviour is the trait contract of `edward-core`.
 #![deny(missing_docs)]
 
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod chat_rows;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "redis"))]
 #[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
 mod common;

@@ -19,9 +19,9 @@ use edward_core::Durability;
 use edward_core::engine::Backend;
 use edward_core::memory::MemoryNotifier;
 use edward_core::{
-    AdmissionError, AdmissionLimits, AdmitError, Checkpoint, DeadLetter, EffectRecord, Fence,
-    Lease, NewEvent, NewRun, QueueError, RetryOutcome, RetryPolicy, Run, RunEvent, RunFilter,
-    RunId, RunQueue, RunStatus, RunStore, StoreError,
+    AdmissionError, AdmissionLimits, AdmitError, BuildJob, BuildResult, ChatMessage, Checkpoint,
+    DeadLetter, EffectRecord, Fence, Lease, NewEvent, NewMessage, NewRun, QueueError, RetryOutcome,
+    RetryPolicy, Run, RunEvent, RunFilter, RunId, RunQueue, RunStatus, RunStore, StoreError,
 };
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
@@ -37,6 +37,7 @@ use crate::common::{
 };
 use crate::error::{ConnectError, corrupt, queue_err, store_err};
 
+mod chats;
 mod credentials;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
@@ -426,12 +427,17 @@ impl RunStore for SqliteStore {
         if exists.is_some() {
             return Err(StoreError::AlreadyExists { run_id: run.id }.into());
         }
-        let chat = count_active(
-            &mut tx,
-            "SELECT COUNT(*) FROM runs WHERE chat_id = ? AND status IN ('queued', 'running')",
-            Some(&run.chat_id),
+        // A chat belongs to its user: another user's chat of the same id is another chat.
+        let chat: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM runs WHERE user_id = ? AND chat_id = ? \
+             AND status IN ('queued', 'running')",
         )
-        .await?;
+        .bind(&run.user_id)
+        .bind(&run.chat_id)
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(store_err)?;
+        let chat = u32::try_from(chat).unwrap_or(u32::MAX);
         if chat >= limits.per_chat {
             return Err(AdmissionError::ChatLimit {
                 limit: limits.per_chat,
@@ -793,6 +799,63 @@ impl RunStore for SqliteStore {
         .await
         .map_err(store_err)?;
         rows.iter().map(run_from_row).collect()
+    }
+
+    // ------------------------------------------------------------ chats (sqlite/chats.rs)
+
+    async fn put_messages(
+        &self,
+        run_id: RunId,
+        fence: Fence,
+        turn: u32,
+        messages: Vec<NewMessage>,
+    ) -> Result<(), StoreError> {
+        self.put_chat_messages(run_id, fence, turn, messages).await
+    }
+
+    async fn chat_messages(
+        &self,
+        user_id: &str,
+        chat_id: &str,
+        before_run: Option<RunId>,
+        limit: usize,
+    ) -> Result<Vec<ChatMessage>, StoreError> {
+        self.read_chat_messages(user_id, chat_id, before_run, limit)
+            .await
+    }
+
+    async fn create_build(
+        &self,
+        run_id: RunId,
+        fence: Fence,
+        number: u32,
+        command: Vec<String>,
+    ) -> Result<BuildJob, StoreError> {
+        self.create_build_job(run_id, fence, number, command).await
+    }
+
+    async fn claim_build(
+        &self,
+        run_id: RunId,
+        number: u32,
+        fence: Fence,
+        worker: &str,
+    ) -> Result<Option<BuildJob>, StoreError> {
+        self.claim_build_job(run_id, number, fence, worker).await
+    }
+
+    async fn finish_build(
+        &self,
+        run_id: RunId,
+        number: u32,
+        fence: Fence,
+        result: BuildResult,
+    ) -> Result<BuildJob, StoreError> {
+        self.finish_build_job(run_id, number, fence, result).await
+    }
+
+    async fn builds(&self, run_id: RunId) -> Result<Vec<BuildJob>, StoreError> {
+        self.list_builds(run_id).await
     }
 }
 

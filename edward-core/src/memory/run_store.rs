@@ -114,8 +114,11 @@ struct State {
     retention: MemoryRetention,
     /// Chat messages by (user, chat), kept apart from runs: they outlive
     /// the run retention (up to [`MAX_CHAT_MESSAGES`] per chat).
-    messages: HashMap<(String, String), std::collections::BTreeMap<(RunId, u32, u32), ChatMessage>>,
+    messages: HashMap<(String, String), ChatLog>,
 }
+
+/// One chat's messages by `(run, turn, index)`: conversation order.
+type ChatLog = std::collections::BTreeMap<(RunId, u32, u32), ChatMessage>;
 
 /// The newest messages a [`MemoryRunStore`] keeps per chat.
 pub const MAX_CHAT_MESSAGES: usize = 2_000;

@@ -3,7 +3,7 @@
 //! # Admission without a global lock
 //!
 //! `admit` runs in one transaction that first takes transaction-scoped
-//! advisory locks on a hash of the user and a hash of the chat — always in
+//! advisory locks on a hash of the user and a hash of the (user, chat) — always in
 //! ascending key order, so two admissions can never deadlock — then counts
 //! the active runs of that user and that chat and inserts. Submits of
 //! different users and chats never wait for each other, and the per-user and
@@ -36,8 +36,9 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use edward_core::engine::Backend;
 use edward_core::{
-    AdmissionError, AdmissionLimits, AdmitError, Checkpoint, EffectRecord, Fence, NewEvent, NewRun,
-    Run, RunEvent, RunFilter, RunId, RunStatus, RunStore, StoreError,
+    AdmissionError, AdmissionLimits, AdmitError, BuildJob, BuildResult, ChatMessage, Checkpoint,
+    EffectRecord, Fence, NewEvent, NewMessage, NewRun, Run, RunEvent, RunFilter, RunId, RunStatus,
+    RunStore, StoreError,
 };
 use sqlx::Row;
 use sqlx::postgres::{PgPool, PgRow};
@@ -228,7 +229,13 @@ impl RunStore for PgStore {
     async fn admit(&self, run: NewRun, limits: AdmissionLimits) -> Result<Run, AdmitError> {
         let mut keys = [
             fnv1a64(&[b"edward-user:", run.user_id.as_bytes()]),
-            fnv1a64(&[b"edward-chat:", run.chat_id.as_bytes()]),
+            // A chat belongs to its user: another user's chat of the same
+            // id is another chat (and another lock).
+            fnv1a64(&[
+                b"edward-chat:",
+                run.user_id.as_bytes(),
+                run.chat_id.as_bytes(),
+            ]),
         ];
         keys.sort_unstable();
         let mut tx = self.pool.begin().await.map_err(store_err)?;
@@ -241,7 +248,8 @@ impl RunStore for PgStore {
         }
         let row = sqlx::query(
             "SELECT EXISTS (SELECT 1 FROM edward_runs WHERE id = $1), \
-             (SELECT count(*) FROM edward_runs WHERE chat_id = $2 AND status IN ('queued', 'running')), \
+             (SELECT count(*) FROM edward_runs WHERE user_id = $3 AND chat_id = $2 \
+                AND status IN ('queued', 'running')), \
              (SELECT count(*) FROM edward_runs WHERE user_id = $3 AND status IN ('queued', 'running')), \
              (SELECT count(*) FROM edward_runs WHERE status IN ('queued', 'running'))",
         )
@@ -669,5 +677,62 @@ impl RunStore for PgStore {
         .await
         .map_err(store_err)?;
         rows.iter().map(run_from_row).collect()
+    }
+
+    // ------------------------------------------------------------ chats (postgres/chats.rs)
+
+    async fn put_messages(
+        &self,
+        run_id: RunId,
+        fence: Fence,
+        turn: u32,
+        messages: Vec<NewMessage>,
+    ) -> Result<(), StoreError> {
+        self.put_chat_messages(run_id, fence, turn, messages).await
+    }
+
+    async fn chat_messages(
+        &self,
+        user_id: &str,
+        chat_id: &str,
+        before_run: Option<RunId>,
+        limit: usize,
+    ) -> Result<Vec<ChatMessage>, StoreError> {
+        self.read_chat_messages(user_id, chat_id, before_run, limit)
+            .await
+    }
+
+    async fn create_build(
+        &self,
+        run_id: RunId,
+        fence: Fence,
+        number: u32,
+        command: Vec<String>,
+    ) -> Result<BuildJob, StoreError> {
+        self.create_build_job(run_id, fence, number, command).await
+    }
+
+    async fn claim_build(
+        &self,
+        run_id: RunId,
+        number: u32,
+        fence: Fence,
+        worker: &str,
+    ) -> Result<Option<BuildJob>, StoreError> {
+        self.claim_build_job(run_id, number, fence, worker).await
+    }
+
+    async fn finish_build(
+        &self,
+        run_id: RunId,
+        number: u32,
+        fence: Fence,
+        result: BuildResult,
+    ) -> Result<BuildJob, StoreError> {
+        self.finish_build_job(run_id, number, fence, result).await
+    }
+
+    async fn builds(&self, run_id: RunId) -> Result<Vec<BuildJob>, StoreError> {
+        self.list_builds(run_id).await
     }
 }
