@@ -15,7 +15,6 @@ use edward::core::engine::{
 };
 use edward::core::scripted::ScriptedModel;
 use edward::core::{BuildStatus, MessageRole, Role, RunEvent, RunId};
-use futures::StreamExt;
 
 fn seq_of(events: &[RunEvent], kind: &str) -> u64 {
     kinds(events, kind)

@@ -287,7 +287,6 @@ impl BuildConfig {
 
 /// How a run continues its chat.
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
 pub struct ChatConfig {
     /// The default double-texting policy (a request may override it).
     pub double_texting: DoubleTexting,

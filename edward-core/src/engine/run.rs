@@ -228,9 +228,10 @@ pub(crate) async fn execute(
     let run_id = lease.run_id;
     let span = tracing::info_span!("run", run_id = %run_id, attempt = lease.attempt);
     async move {
-        if let Some(end) = wait_for_chat(&inner, &lease, &control).await {
-            return end;
-        }
+        let started_before = match wait_for_chat(&inner, &lease, &control).await {
+            Ok(s) => s,
+            Err(end) => return end,
+        };
         let run = match inner.store.start_run(run_id, lease.fence).await {
             Ok(r) => r,
             Err(StoreError::Finished { .. }) => return AttemptEnd::Finished,
@@ -278,6 +279,7 @@ pub(crate) async fn execute(
             interrupted: std::sync::Mutex::new(Interrupted::default()),
             client: std::sync::OnceLock::new(),
             worker: worker_id.clone(),
+            started_before,
         };
         let driven = async {
             let end = match ctx.drive(run, &lease, &worker_id).await {
@@ -330,6 +332,9 @@ struct RunCtx {
     client: std::sync::OnceLock<Arc<dyn crate::ModelClient>>,
     /// The worker running this attempt.
     worker: String,
+    /// Whether a worker started the run before this attempt (`None`:
+    /// unknown; then events after `run_queued` say so).
+    started_before: Option<bool>,
 }
 
 /// What a model call that did not end normally left behind: the usage of a
@@ -432,7 +437,8 @@ impl RunCtx {
         let key = crate::chat::chat_sandbox_key(&run.user_id, &run.chat_id);
         let _ = self.inner.write_buffer.take(&key).await;
 
-        let previous_attempt = run.last_seq > 1;
+        // `run_waiting` and `cancel_requested` may precede the first start.
+        let previous_attempt = self.started_before.unwrap_or(run.last_seq > 1);
         let resumed_from_checkpoint = restored.is_some();
         let mut state = match restored {
             Some((turn, st)) => {

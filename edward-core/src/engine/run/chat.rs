@@ -35,35 +35,37 @@ pub(crate) const DEFER_POLICY: crate::RetryPolicy = crate::RetryPolicy {
 const WAIT_SLICE: Duration = Duration::from_secs(5);
 
 /// Before a run starts: wait (up to [`WAIT_SLICE`]) while an earlier run of
-/// its chat is active, recording `run_waiting` once per run waited for;
-/// `Some(Defer)` if one is still active then, `Some(Abandoned)` if the
-/// worker is shutting down or lost the lease.
+/// its chat is active, recording `run_waiting` once per run waited for.
+/// `Err(Defer)` if one is still active then, `Err(Abandoned)` if the worker
+/// is shutting down or lost the lease; `Ok(started_before)` to go on, which
+/// says whether a worker started the run before (`None`: unknown).
 pub(crate) async fn wait_for_chat(
     inner: &Inner,
     lease: &Lease,
     control: &RunControl,
-) -> Option<AttemptEnd> {
+) -> Result<Option<bool>, AttemptEnd> {
     let give_up = tokio::time::Instant::now() + WAIT_SLICE;
     loop {
         let run = match inner.store.get_run(lease.run_id).await {
             Ok(Some(run)) => run,
             // Start handles missing and failing stores uniformly.
-            Ok(None) | Err(_) => return None,
+            Ok(None) | Err(_) => return Ok(None),
         };
+        let started_before = Some(run.fence.0 > 0);
         if run.status != crate::RunStatus::Queued {
-            return None; // started before, so never behind anyone since
+            return Ok(started_before); // never behind anyone since
         }
         let behind = match chat_run::blocked_by(&*inner.store, &run).await {
             Ok(Some(other)) => other,
-            Ok(None) => return None,
-            Err(e) if e.is_retryable() => return Some(AttemptEnd::Retry(e.to_string())),
-            Err(_) => return None,
+            Ok(None) => return Ok(started_before),
+            Err(e) if e.is_retryable() => return Err(AttemptEnd::Retry(e.to_string())),
+            Err(_) => return Ok(started_before),
         };
         note_waiting(inner, &run, lease, behind).await;
         let other_last = match inner.store.get_run(behind).await {
             Ok(Some(o)) if !o.status.is_terminal() => o.last_seq,
             Ok(_) => continue,
-            Err(e) => return Some(AttemptEnd::Retry(e.to_string())),
+            Err(e) => return Err(AttemptEnd::Retry(e.to_string())),
         };
         let mut events = tail::tail(
             inner.store.clone(),
@@ -84,16 +86,16 @@ pub(crate) async fn wait_for_chat(
         tokio::select! {
             () = ended => {}
             () = tokio::time::sleep_until(give_up) => {
-                return Some(AttemptEnd::Defer(format!(
+                return Err(AttemptEnd::Defer(format!(
                     "waiting for run {behind} of the same chat"
                 )));
             }
             () = control.token.cancelled() => {
                 return match control.cause() {
                     // A cancelled run starts and ends `cancelled` at once.
-                    Some(StopCause::Cancelled) => None,
-                    Some(StopCause::FinishedElsewhere) => Some(AttemptEnd::Finished),
-                    _ => Some(AttemptEnd::Abandoned),
+                    Some(StopCause::Cancelled) => Ok(started_before),
+                    Some(StopCause::FinishedElsewhere) => Err(AttemptEnd::Finished),
+                    _ => Err(AttemptEnd::Abandoned),
                 };
             }
         }
