@@ -1,8 +1,8 @@
 //! Durable adapters of Edward's storage traits over [`sqlx`].
 //!
 //! - [`SqliteStore`] (feature `sqlite`): the embedded durable default — one
-//!   SQLite file holds runs, events, checkpoints, side-effect records and the
-//!   work queue; implements [`edward_core::RunStore`] and
+//!   SQLite file holds runs, events, checkpoints, side-effect records, chat
+//!   messages, build jobs and the work queue; implements [`edward_core::RunStore`] and
 //!   [`edward_core::RunQueue`].
 //! - [`PgStore`], [`PgQueue`], [`PgNotifier`] and [`PgLock`] (feature `postgres`): many
 //!   worker processes on one Postgres database, with `FOR UPDATE SKIP LOCKED`

@@ -115,6 +115,73 @@ async fn reopened_file_keeps_runs_events_and_jobs() {
     assert_eq!(lease.run_id, run.id);
 }
 
+/// Chat messages and build jobs survive a reopen; the attempt resumed after
+/// the "crash" supersedes the dead attempt's later turns (no duplicate or
+/// orphan message) and takes over its half-done build.
+#[tokio::test]
+async fn reopened_file_keeps_chat_messages_and_builds() {
+    use edward_core::testkit::run_store::admit_fresh;
+    use edward_core::{BuildStatus, Fence, NewMessage, TurnEffects};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("edward.db");
+    let first = SqliteStore::open(&path).await.expect("open");
+    let run = admit_fresh(&first).await;
+    first.start_run(run.id, Fence(1)).await.expect("start");
+    for (turn, text) in [(0, "build a todo app"), (1, "turn 1"), (2, "turn 2")] {
+        let message = if turn == 0 {
+            NewMessage::user(text)
+        } else {
+            NewMessage::assistant(text, TurnEffects::default())
+        };
+        first
+            .put_messages(run.id, Fence(1), turn, vec![message])
+            .await
+            .expect("put");
+    }
+    first
+        .create_build(run.id, Fence(1), 1, vec!["npm".into(), "run".into()])
+        .await
+        .expect("create build");
+    first
+        .claim_build(run.id, 1, Fence(1), "dead worker")
+        .await
+        .expect("claim")
+        .expect("claimed");
+    first.close().await;
+
+    let second = SqliteStore::open(&path).await.expect("reopen");
+    second.start_run(run.id, Fence(2)).await.expect("resume");
+    // The checkpoint said turn 1 was the last complete one: turn 2 is redone.
+    second
+        .put_messages(
+            run.id,
+            Fence(2),
+            2,
+            vec![NewMessage::assistant(
+                "turn 2 again",
+                TurnEffects::default(),
+            )],
+        )
+        .await
+        .expect("redo turn 2");
+    let texts: Vec<_> = second
+        .chat_messages(&run.user_id, &run.chat_id, None, 100)
+        .await
+        .expect("messages")
+        .into_iter()
+        .map(|m| m.text)
+        .collect();
+    assert_eq!(texts, ["build a todo app", "turn 1", "turn 2 again"]);
+    let job = second
+        .claim_build(run.id, 1, Fence(2), "new worker")
+        .await
+        .expect("claim")
+        .expect("the resumed attempt takes over the build");
+    assert_eq!(job.status, BuildStatus::Building);
+    assert_eq!(job.command, ["npm", "run"]);
+    second.close().await;
+}
+
 /// An in-memory store works for both traits.
 #[tokio::test]
 async fn in_memory_store_passes_basic_checks() {

@@ -1,11 +1,13 @@
-//! [`PgStore`]: runs, events, checkpoints and effect records on Postgres.
+//! [`PgStore`]: runs, events, checkpoints and effect records on Postgres
+//! (chat messages and build jobs: `postgres/chats.rs`).
 //!
 //! # Admission without a global lock
 //!
 //! `admit` runs in one transaction that first takes transaction-scoped
-//! advisory locks on a hash of the user and a hash of the (user, chat) — always in
-//! ascending key order, so two admissions can never deadlock — then counts
-//! the active runs of that user and that chat and inserts. Submits of
+//! advisory locks on a hash of the user and a hash of the chat (the user's
+//! id and the chat id: another user's chat of the same id is another chat)
+//! — always in ascending key order, so two admissions can never deadlock —
+//! then counts the active runs of that user and that chat and inserts. Submits of
 //! different users and chats never wait for each other, and the per-user and
 //! per-chat limits are **exact**: a second submit for the same user waits for
 //! the first to commit, and its count (a new READ COMMITTED snapshot taken
