@@ -42,7 +42,7 @@ struct Cli {
     /// Where sandboxes live (with `--sandbox local`).
     #[arg(long, default_value = "./edward-data/sandboxes")]
     dir: PathBuf,
-    /// `local` (a directory per run) or `docker` (a container per run;
+    /// `local` (a directory per chat) or `docker` (a container per chat;
     /// needs the `docker` feature).
     #[arg(long, value_enum, default_value = "local")]
     sandbox: SandboxKind,
@@ -55,7 +55,8 @@ struct Cli {
     /// The user id the run belongs to.
     #[arg(long, default_value = "local")]
     user: String,
-    /// The chat id the run belongs to (default: a fresh one).
+    /// The chat to continue: runs of one chat share its workspace and see
+    /// its history (default: a new chat per invocation).
     #[arg(long)]
     chat: Option<String>,
     /// SQLite database file holding runs, events and the queue.
@@ -238,7 +239,11 @@ async fn run(cli: Cli) -> Result<bool, Box<dyn std::error::Error>> {
         .clone()
         .unwrap_or_else(|| format!("chat-{}", RunId::new()));
     let id = engine
-        .submit(RunRequest::new(cli.user.clone(), chat, cli.prompt.clone()))
+        .submit(RunRequest::new(
+            cli.user.clone(),
+            chat.clone(),
+            cli.prompt.clone(),
+        ))
         .await?;
 
     // Ctrl-C cancels the run (it still ends with its terminal event).
@@ -270,7 +275,7 @@ async fn run(cli: Cli) -> Result<bool, Box<dyn std::error::Error>> {
     // Reattach to learn where the files are (a directory, a container id).
     let location = provider
         .provision(
-            &edward::core::chat::chat_sandbox_key(user, chat),
+            &edward::core::chat::chat_sandbox_key(&cli.user, &chat),
             &Default::default(),
         )
         .await
@@ -341,6 +346,32 @@ impl View {
             EngineEvent::RunResumed { from_turn, .. } => {
                 self.line(&format!("↻ resumed after turn {from_turn}"))
             }
+            EngineEvent::RunWaiting { behind } => {
+                self.line(&format!("… waiting for run {behind} of this chat"))
+            }
+            EngineEvent::FrameworkDetected {
+                framework,
+                evidence,
+            } => self.line(&format!("◆ framework: {framework} ({evidence})")),
+            EngineEvent::ContextPrepared {
+                history_messages,
+                history_dropped,
+                files_listed,
+                files_included,
+                estimated_tokens,
+            } => self.line(&format!(
+                "◆ context: {history_messages} earlier messages ({history_dropped} dropped), \
+                 {files_listed} files listed ({files_included} with text), ~{estimated_tokens} tokens"
+            )),
+            EngineEvent::BuildFinished {
+                number,
+                status,
+                exit_code,
+                ..
+            } => self.line(&format!(
+                "⚒ build {number}: {status} (exit {})",
+                exit_code.map_or("-".to_string(), |c| c.to_string())
+            )),
             EngineEvent::TurnStarted { turn, .. } => {
                 self.line(&format!("— turn {turn}"));
                 self.status(&format!("turn {turn}: thinking…"));

@@ -165,7 +165,7 @@ fn resume_config() -> EngineConfig {
     }
 }
 
-fn assert_resumed_correctly(h: &Harness, id: RunId, events: &[RunEvent]) {
+async fn assert_resumed_correctly(h: &Harness, id: RunId, events: &[RunEvent]) {
     assert_log_ok(events);
     let fin = terminal(events);
     assert_eq!(fin["status"], "completed", "{fin}");
@@ -200,7 +200,7 @@ async fn worker_aborted_mid_turn_is_resumed_without_repeating_effects() {
     let _ = handle.await;
     h.start_worker(1, Duration::from_secs(5));
     let events = collect(&h.engine, id).await;
-    assert_resumed_correctly(&h, id, &events);
+    assert_resumed_correctly(&h, id, &events).await;
     let restarted = kinds(&events, "turn_restarted")[0];
     assert_eq!(restarted.payload["turn"], 1);
     let reused = kinds(&events, "command_finished")
@@ -228,7 +228,7 @@ async fn worker_shut_down_between_turns_is_resumed_from_the_checkpoint() {
     handle.await.unwrap();
     h.start_worker(1, Duration::from_secs(5));
     let events = collect(&h.engine, id).await;
-    assert_resumed_correctly(&h, id, &events);
+    assert_resumed_correctly(&h, id, &events).await;
     let resumed = kinds(&events, "run_resumed")[0];
     assert_eq!(resumed.payload["from_turn"], 1);
     assert_eq!(kinds(&events, "turn_restarted")[0].payload["turn"], 2);

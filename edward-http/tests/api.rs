@@ -515,7 +515,9 @@ async fn a_run_without_a_sandbox_has_no_files_and_none_is_created() {
     expect_error(res, 404, "not_found").await;
     let workspace = s
         .provider
-        .workspace_path(&edward_core::engine::Engine::sandbox_key(id));
+        .workspace_path(&edward_core::engine::Engine::sandbox_key(
+            &s.engine.get(id).await.unwrap().unwrap(),
+        ));
     assert!(
         !workspace.exists(),
         "reading files never provisions a sandbox"

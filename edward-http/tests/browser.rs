@@ -178,9 +178,10 @@ async fn the_page_runs_a_prompt_shows_files_and_status_and_takes_a_screenshot() 
 
     let run_id = text(&c, "#run-id").await;
     let id = run_id.parse().expect("the page shows the run id");
+    let run = s.engine.get(id).await.unwrap().expect("the run exists");
     let expected = s
         .provider
-        .workspace_path(&edward_core::engine::Engine::sandbox_key(id));
+        .workspace_path(&edward_core::engine::Engine::sandbox_key(&run));
     for name in ["index.html", "style.css", "app.js"] {
         let li = c
             .find(Locator::Css(&format!("#files li[data-path='{name}']")))

@@ -320,7 +320,7 @@ async fn wiped_mid_run(while_pending: bool) {
         let files = format!(
             "{}wb:files:{}",
             redis.options().prefix,
-            Engine::sandbox_key(run).0
+            Engine::sandbox_key(&engine.get(run).await.unwrap().unwrap()).0
         );
         let url = server.url();
         rig::wait_for("a pending file", Duration::from_secs(60), || {
@@ -362,7 +362,7 @@ async fn wiped_mid_run(while_pending: bool) {
     }
     match stored.status {
         RunStatus::Completed => {
-            let sandbox = sandboxes.join(Engine::sandbox_key(run).0);
+            let sandbox = sandboxes.join(Engine::sandbox_key(&stored).0);
             for i in 0..rig::FILES {
                 let got = std::fs::read_to_string(sandbox.join(format!("f{i}.txt")))
                     .expect("a completed run wrote every file");
@@ -382,7 +382,7 @@ async fn wiped_mid_run(while_pending: bool) {
         stored.terminal_reason
     );
     // Every file reported written is in the sandbox, whole.
-    let sandbox = sandboxes.join(Engine::sandbox_key(run).0);
+    let sandbox = sandboxes.join(Engine::sandbox_key(&stored).0);
     for e in events.iter().filter(|e| e.kind == "file_written") {
         let path = e.payload["path"].as_str().expect("path");
         let i: usize = path[1..2].parse().expect("f<i>.txt");

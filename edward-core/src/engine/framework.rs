@@ -162,6 +162,7 @@ mod tests {
         let pj = |deps: &str, dev: &str| {
             format!(r#"{{"dependencies":{{{deps}}},"devDependencies":{{{dev}}}}}"#)
         };
+        #[allow(clippy::type_complexity)]
         let cases: Vec<(
             Option<String>,
             Vec<&str>,

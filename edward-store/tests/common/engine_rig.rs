@@ -274,7 +274,7 @@ pub async fn assert_completed_cleanly(
         resumed,
         "run {run}: resumed iff its worker was killed; kinds {kinds:?}"
     );
-    let dir = sandboxes.join(Engine::sandbox_key(run).0);
+    let dir = sandboxes.join(Engine::sandbox_key(&stored).0);
     for i in 0..FILES {
         let got = std::fs::read_to_string(dir.join(format!("f{i}.txt"))).expect("file written");
         assert_eq!(got, file_content(i), "run {run}: file f{i}.txt whole, once");
