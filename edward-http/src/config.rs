@@ -38,6 +38,12 @@ pub struct HttpConfig {
     /// Deliver run events of the runs this server admits to a webhook
     /// (default none).
     pub webhook: Option<WebhookConfig>,
+    /// Frames an SSE subscriber may fall behind its run's shared tail before
+    /// it lags and replays the gap from the store (default 512).
+    pub sse_hub_capacity: usize,
+    /// Recent frames each run's shared tail keeps, so a client resuming near
+    /// the live end is served without a store read (default 256).
+    pub sse_hub_ring: usize,
 }
 
 impl Default for HttpConfig {
@@ -55,6 +61,8 @@ impl Default for HttpConfig {
             max_file_bytes: 8 * 1024 * 1024,
             idempotency_ttl: Duration::from_secs(24 * 3600),
             webhook: None,
+            sse_hub_capacity: 512,
+            sse_hub_ring: 256,
         }
     }
 }
@@ -103,6 +111,13 @@ impl HttpConfig {
     /// Deliver events to a webhook.
     pub fn webhook(mut self, w: WebhookConfig) -> Self {
         self.webhook = Some(w);
+        self
+    }
+    /// Set the SSE hubs' channel capacity and ring size (see
+    /// [`HttpConfig::sse_hub_capacity`], [`HttpConfig::sse_hub_ring`]).
+    pub fn sse_hub(mut self, capacity: usize, ring: usize) -> Self {
+        self.sse_hub_capacity = capacity;
+        self.sse_hub_ring = ring;
         self
     }
     /// Serve (or not) the web page at `/`.

@@ -51,6 +51,7 @@ mod error;
 mod events;
 mod extract;
 mod files;
+mod hub;
 mod idempotency;
 mod limit;
 mod metrics;
@@ -104,6 +105,10 @@ impl Api {
             .webhook
             .clone()
             .map(|w| Arc::new(webhooks::Webhooks::new(w, engine.clone(), shutdown.clone())));
+        let hubs = Arc::new(hub::Hubs::new(hub::HubConfig {
+            capacity: config.sse_hub_capacity,
+            ring: config.sse_hub_ring,
+        }));
         Api {
             state: AppState(Arc::new(Inner {
                 webhooks,
@@ -111,7 +116,8 @@ impl Api {
                 keys,
                 files: files::RunFiles::new(sandboxes),
                 idempotency: idempotency::Idempotency::new(config.idempotency_ttl),
-                metrics: metrics::Metrics::new(),
+                metrics: metrics::Metrics::new(&hubs.metrics),
+                hubs,
                 limiter: limit::Limiter::new(config.rate_limit),
                 shutdown,
                 config,

@@ -55,7 +55,7 @@ fn latency_histogram() -> Histogram {
 }
 
 impl Metrics {
-    pub(crate) fn new() -> Self {
+    pub(crate) fn new(hubs: &crate::hub::HubMetrics) -> Self {
         let mut registry = Registry::with_prefix("edward");
         let requests: LatencyFamily = Family::new_with_constructor(latency_histogram);
         registry.register(
@@ -86,6 +86,16 @@ impl Metrics {
             "events_streamed",
             "Run events sent to clients (SSE and long-poll)",
             events_streamed.clone(),
+        );
+        registry.register(
+            "sse_hubs",
+            "Runs with a shared SSE tail in this process (one store reader each)",
+            hubs.hubs.clone(),
+        );
+        registry.register(
+            "sse_lag_recoveries",
+            "Times an SSE subscriber fell behind its run's shared tail and replayed the gap from the store",
+            hubs.lag_recoveries.clone(),
         );
         let runs_submitted = Counter::default();
         registry.register(

@@ -9,6 +9,7 @@ use tokio_util::sync::CancellationToken;
 use crate::auth::ApiKeys;
 use crate::config::HttpConfig;
 use crate::files::RunFiles;
+use crate::hub::Hubs;
 use crate::idempotency::Idempotency;
 use crate::limit::Limiter;
 use crate::metrics::Metrics;
@@ -20,6 +21,8 @@ pub(crate) struct Inner {
     pub(crate) files: RunFiles,
     pub(crate) idempotency: Idempotency,
     pub(crate) metrics: Metrics,
+    /// Shared per-run tails of SSE streams.
+    pub(crate) hubs: Arc<Hubs>,
     pub(crate) limiter: Limiter,
     /// Fired on shutdown: open streams end with a `reconnect` event.
     pub(crate) shutdown: CancellationToken,

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use edward_core::AdmissionLimits;
-use edward_core::engine::{Engine, EngineConfig, WorkerConfig};
+use edward_core::engine::{Backend, Engine, EngineConfig, WorkerConfig};
+use edward_core::memory::MemoryBackends;
 use edward_core::scripted::ScriptedModel;
 use edward_core::{RunId, SandboxProvider};
 use edward_http::{Api, ApiKeys, HttpConfig};
@@ -47,6 +48,8 @@ pub struct TestServer {
     pub base: String,
     pub api: Api,
     pub engine: Engine,
+    /// The engine's in-memory store, queue and notifier.
+    pub mem: MemoryBackends,
     pub provider: Arc<LocalSandboxProvider>,
     pub dir: tempfile::TempDir,
     pub client: reqwest::Client,
@@ -59,7 +62,13 @@ impl TestServer {
     pub async fn start(opts: Opts) -> TestServer {
         let dir = tempfile::tempdir().expect("tempdir");
         let provider = Arc::new(LocalSandboxProvider::new(dir.path().join("sandboxes")));
+        let mem = MemoryBackends::new();
         let engine = Engine::builder()
+            .backend(Backend::new(
+                mem.store.clone(),
+                mem.queue.clone(),
+                mem.notifier.clone(),
+            ))
             .sandbox_provider(provider.clone() as Arc<dyn SandboxProvider>)
             .model_client(Arc::new(opts.model))
             .admission_limits(opts.limits)
@@ -101,6 +110,7 @@ impl TestServer {
             base,
             api,
             engine,
+            mem,
             provider,
             dir,
             client: reqwest::Client::new(),
