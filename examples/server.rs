@@ -140,7 +140,7 @@ async fn serve(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
                 .allow_private(cli.webhook_allow_private),
         );
     }
-    let api = Api::new(engine.clone(), sandboxes, keys, config);
+    let api = Api::new(engine.clone(), keys, config);
 
     let listener = tokio::net::TcpListener::bind(cli.bind).await?;
     let addr = listener.local_addr()?;

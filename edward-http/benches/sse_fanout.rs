@@ -76,12 +76,7 @@ async fn serve() {
         .expect("engine");
     let mut keys = ApiKeys::new();
     keys.insert("bench", KEY);
-    let api = Api::new(
-        engine.clone(),
-        sandboxes,
-        keys,
-        HttpConfig::default().rate_limit(None),
-    );
+    let api = Api::new(engine.clone(), keys, HttpConfig::default().rate_limit(None));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");

@@ -11,21 +11,20 @@
 //! the stable codes of [`ErrorCode`]. See `docs/HTTP.md`.
 //!
 //! ```no_run
-//! # async fn demo(engine: edward_core::engine::Engine,
-//! #     sandboxes: std::sync::Arc<dyn edward_core::SandboxProvider>) -> std::io::Result<()> {
+//! # async fn demo(engine: edward_core::engine::Engine) -> std::io::Result<()> {
 //! use edward_http::{Api, ApiKeys, HttpConfig};
 //!
 //! let mut keys = ApiKeys::new();
 //! keys.insert("alice", "sk-alice");
-//! let api = Api::new(engine, sandboxes, keys, HttpConfig::default());
+//! let api = Api::new(engine, keys, HttpConfig::default());
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
 //! api.serve(listener, async { let _ = tokio::signal::ctrl_c().await; }).await
 //! # }
 //! ```
 //!
 //! **Architecture invariant:** this is the only crate that knows HTTP; it
-//! uses the engine's public API (plus [`RunStore::list_user_runs`] and, in
-//! one module, a sandbox provider to read files) and nothing else.
+//! uses the engine's public API (plus [`RunStore::list_user_runs`]) and
+//! nothing else.
 //!
 //! [`RunStore::list_user_runs`]: edward_core::RunStore::list_user_runs
 
@@ -41,7 +40,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use edward_core::engine::Engine;
-use edward_core::{RunId, RunStatus, SandboxProvider};
+use edward_core::{RunId, RunStatus};
 use tokio_util::sync::CancellationToken;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 
@@ -91,15 +90,10 @@ impl std::fmt::Debug for Api {
 }
 
 impl Api {
-    /// The API over `engine`. `sandboxes` is the provider the engine's
-    /// workers use (files are read through it; a request never creates a
-    /// sandbox). Requests need a bearer key from `keys`.
-    pub fn new(
-        engine: Engine,
-        sandboxes: Arc<dyn SandboxProvider>,
-        keys: ApiKeys,
-        config: HttpConfig,
-    ) -> Self {
+    /// The API over `engine` (files are read through [`Engine::files`] and
+    /// [`Engine::read_file`]; a request never creates a sandbox). Requests
+    /// need a bearer key from `keys`.
+    pub fn new(engine: Engine, keys: ApiKeys, config: HttpConfig) -> Self {
         let shutdown = CancellationToken::new();
         let webhooks = config
             .webhook
@@ -114,7 +108,6 @@ impl Api {
                 webhooks,
                 engine,
                 keys,
-                files: files::RunFiles::new(sandboxes),
                 idempotency: idempotency::Idempotency::new(config.idempotency_ttl),
                 metrics: metrics::Metrics::new(&hubs.metrics),
                 hubs,

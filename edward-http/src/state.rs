@@ -8,7 +8,6 @@ use tokio_util::sync::CancellationToken;
 
 use crate::auth::ApiKeys;
 use crate::config::HttpConfig;
-use crate::files::RunFiles;
 use crate::hub::Hubs;
 use crate::idempotency::Idempotency;
 use crate::limit::Limiter;
@@ -18,7 +17,6 @@ pub(crate) struct Inner {
     pub(crate) engine: Engine,
     pub(crate) keys: ApiKeys,
     pub(crate) config: HttpConfig,
-    pub(crate) files: RunFiles,
     pub(crate) idempotency: Idempotency,
     pub(crate) metrics: Metrics,
     /// Shared per-run tails of SSE streams.

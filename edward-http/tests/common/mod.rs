@@ -78,12 +78,7 @@ impl TestServer {
         let mut keys = ApiKeys::new();
         keys.insert("alice", ALICE);
         keys.insert("bob", BOB);
-        let api = Api::new(
-            engine.clone(),
-            provider.clone() as Arc<dyn SandboxProvider>,
-            keys,
-            opts.http,
-        );
+        let api = Api::new(engine.clone(), keys, opts.http);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
