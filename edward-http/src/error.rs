@@ -224,7 +224,9 @@ impl From<FilesError> for ApiError {
     fn from(e: FilesError) -> Self {
         match e {
             FilesError::RunNotFound { .. } => ApiError::run_not_found(),
-            FilesError::NoSandbox { .. } => ApiError::new(ErrorCode::NotFound, "the run has no files"),
+            FilesError::NoSandbox { .. } => {
+                ApiError::new(ErrorCode::NotFound, "the run has no files")
+            }
             FilesError::Store(e) => e.into(),
             FilesError::Sandbox(e) => e.into(),
             e => {

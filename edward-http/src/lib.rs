@@ -295,6 +295,9 @@ async fn metrics_text(State(state): State<AppState>) -> Response {
         }
     }
     state.metrics.set_active(active);
+    state
+        .metrics
+        .set_events_appended(state.engine.events_appended());
     (
         [(
             header::CONTENT_TYPE,

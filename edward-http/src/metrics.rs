@@ -1,5 +1,6 @@
-//! `GET /metrics`: Prometheus text (runs by status, active runs, SSE
-//! subscribers, events streamed, submits, request latency histogram).
+//! `GET /metrics`: Prometheus text (runs by status, active runs, events
+//! appended, SSE subscribers and hubs, events streamed, submits, request
+//! latency histogram).
 
 use std::sync::atomic::AtomicU64;
 use std::time::Instant;
@@ -46,6 +47,7 @@ pub(crate) struct Metrics {
     active_runs: Gauge,
     pub(crate) sse_subscribers: Gauge,
     pub(crate) events_streamed: Counter<u64, AtomicU64>,
+    events_appended: Counter<u64, AtomicU64>,
     pub(crate) runs_submitted: Counter<u64, AtomicU64>,
     pub(crate) admissions_rejected: Family<LimitLabels, Counter>,
 }
@@ -97,6 +99,12 @@ impl Metrics {
             "Times an SSE subscriber fell behind its run's shared tail and replayed the gap from the store",
             hubs.lag_recoveries.clone(),
         );
+        let events_appended = Counter::default();
+        registry.register(
+            "events_appended",
+            "Run events this process's engine appended to the store (all runs, watched or not)",
+            events_appended.clone(),
+        );
         let runs_submitted = Counter::default();
         registry.register(
             "runs_submitted",
@@ -116,6 +124,7 @@ impl Metrics {
             active_runs,
             sse_subscribers,
             events_streamed,
+            events_appended,
             runs_submitted,
             admissions_rejected,
         }
@@ -137,6 +146,14 @@ impl Metrics {
                 status: status.as_str().to_string(),
             })
             .set(i64::try_from(count).unwrap_or(i64::MAX));
+    }
+
+    /// Bring the counter up to the engine's total (read at scrape).
+    pub(crate) fn set_events_appended(&self, total: u64) {
+        let seen = self.events_appended.get();
+        if total > seen {
+            self.events_appended.inc_by(total - seen);
+        }
     }
 
     pub(crate) fn set_active(&self, count: usize) {

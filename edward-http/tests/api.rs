@@ -875,6 +875,30 @@ async fn health_metrics_openapi_and_page() {
     assert!(text.contains("edward_sse_subscribers 1"), "{text}");
     assert!(text.contains("edward_active_runs 1"));
     assert!(text.contains("edward_runs_submitted_total 1"));
+    assert!(
+        text.contains("edward_events_appended_total 1\n"),
+        "run_queued: {text}"
+    );
+    // Counted by the engine, watched or not: an unwatched run cancelled
+    // while queued appends run_queued, cancel_requested and run_finished.
+    let other = s.submit(BOB, "unwatched").await;
+    let res = s
+        .post(&format!("/v1/runs/{other}/cancel"), BOB)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 202);
+    let text = s
+        .client
+        .get(s.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(text.contains("edward_events_appended_total 4\n"), "{text}");
+    assert!(text.contains("edward_sse_hubs 1\n"), "{text}");
 
     let doc: Value = s
         .client
