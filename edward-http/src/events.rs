@@ -104,15 +104,20 @@ fn sse(state: AppState, run: &Run, after: u64) -> Response {
         let _guard = guard;
         yield Ok::<Bytes, Infallible>(retry);
         let mut frames = std::pin::pin!(frames);
+        // Created once: 1,000 subscribers re-registering on the shared
+        // token (or resetting a timer) per event would contend on its lock.
+        let stop = shutdown.cancelled();
+        tokio::pin!(stop);
         let age = tokio::time::sleep(max_age);
         tokio::pin!(age);
         let beat = tokio::time::sleep(heartbeat);
         tokio::pin!(beat);
+        let mut last_write = tokio::time::Instant::now();
         let mut last = after;
         loop {
             tokio::select! {
                 biased;
-                _ = shutdown.cancelled() => {
+                _ = &mut stop => {
                     yield Ok(reconnect(last, "shutdown"));
                     break;
                 }
@@ -123,12 +128,12 @@ fn sse(state: AppState, run: &Run, after: u64) -> Response {
                 item = frames.next() => match item {
                     Some(Ok(f)) => {
                         last = f.seq;
+                        last_write = tokio::time::Instant::now();
                         state.metrics.events_streamed.inc();
                         yield Ok(f.bytes);
                         if f.terminal {
                             break;
                         }
-                        beat.as_mut().reset(tokio::time::Instant::now() + heartbeat);
                     }
                     Some(Err(err)) => {
                         yield Ok(error_event(err, last));
@@ -137,9 +142,15 @@ fn sse(state: AppState, run: &Run, after: u64) -> Response {
                     None => break,
                 },
                 _ = &mut beat => {
-                    // A comment: proxies with idle timeouts keep the connection.
-                    yield Ok(Bytes::from_static(b":\n\n"));
-                    beat.as_mut().reset(tokio::time::Instant::now() + heartbeat);
+                    // Quiet for a whole interval: a comment, so proxies with
+                    // idle timeouts keep the connection. Otherwise wait out
+                    // the interval from the last write.
+                    let now = tokio::time::Instant::now();
+                    if now.duration_since(last_write) >= heartbeat {
+                        last_write = now;
+                        yield Ok(Bytes::from_static(b":\n\n"));
+                    }
+                    beat.as_mut().reset(last_write + heartbeat);
                 }
             }
         }

@@ -316,11 +316,15 @@ pub(crate) fn subscribe(
                     }
                 }
                 // The ring's frames, then the channel, deduplicated by seq.
-                let mut snapshot = snapshot.into_iter();
+                let mut snapshot = std::collections::VecDeque::from(snapshot);
                 while !done {
-                    let frame = match snapshot.next() {
+                    let frame = match snapshot.pop_front() {
                         Some(f) => f,
-                        None => match rx.recv().await {
+                        None => {
+                            // Free the snapshot's buffer: an idle subscriber
+                            // holds only its receiver.
+                            snapshot = std::collections::VecDeque::new();
+                            match rx.recv().await {
                             Ok(Msg::Frame(f)) => f,
                             Ok(Msg::Ended) | Err(RecvError::Closed) => {
                                 fallback = true;
@@ -331,7 +335,7 @@ pub(crate) fn subscribe(
                                 hubs.metrics.lag_recoveries.inc();
                                 continue;
                             }
-                        },
+                        }}
                     };
                     if frame.seq <= last {
                         continue;
