@@ -46,6 +46,8 @@ use tower_http::cors::{AllowOrigin, CorsLayer};
 
 mod auth;
 mod config;
+#[cfg(feature = "registry")]
+mod credentials;
 mod error;
 mod events;
 mod extract;
@@ -63,6 +65,8 @@ mod webhooks;
 
 pub use auth::{ApiKeys, Caller, KeyHash, hash_key};
 pub use config::{HttpConfig, RateLimit};
+#[cfg(feature = "registry")]
+pub use credentials::{CredentialList, CredentialView, PutCredential};
 pub use error::{ApiError, ErrorBody, ErrorCode, ErrorDetail};
 pub use idempotency::MAX_IDEMPOTENCY_KEY_BYTES;
 pub use model::{
@@ -114,8 +118,24 @@ impl Api {
                 limiter: limit::Limiter::new(config.rate_limit),
                 shutdown,
                 config,
+                #[cfg(feature = "registry")]
+                registry: std::sync::OnceLock::new(),
             })),
         }
+    }
+
+    /// Serve `/v1/credentials` over `registry`'s credential vault (feature
+    /// `registry`): users set, list (masked) and delete their own provider
+    /// keys. Give the engine the same registry
+    /// (`EngineBuilder::registry(registry.clone())`) so runs use them.
+    /// Without a registry (or one without credentials) those routes answer
+    /// `404`. The first registry given is kept.
+    #[cfg(feature = "registry")]
+    pub fn with_registry(self, registry: Arc<edward_core::registry::ProviderRegistry>) -> Self {
+        if self.state.registry.set(registry).is_err() {
+            tracing::warn!("Api::with_registry called twice; keeping the first registry");
+        }
+        self
     }
 
     /// The axum router (state included).
@@ -127,19 +147,26 @@ impl Api {
             .route("/v1/runs", post(runs::submit).get(runs::list_runs))
             .route("/v1/runs/{id}", get(runs::get_run))
             .route("/v1/runs/{id}/files", get(runs::list_files))
-            .route("/v1/runs/{id}/files/{*path}", get(runs::read_file))
-            .layer(middleware::from_fn(
-                move |req: Request, next: Next| async move {
-                    match tokio::time::timeout(timeout, next.run(req)).await {
-                        Ok(res) => res,
-                        Err(_) => ApiError::new(
-                            ErrorCode::RequestTimeout,
-                            format!("the request took longer than {timeout:?}"),
-                        )
-                        .into_response(),
-                    }
-                },
-            ));
+            .route("/v1/runs/{id}/files/{*path}", get(runs::read_file));
+        #[cfg(feature = "registry")]
+        let timed = timed
+            .route("/v1/credentials", get(credentials::list))
+            .route(
+                "/v1/credentials/{provider}/{name}",
+                axum::routing::put(credentials::put).delete(credentials::delete),
+            );
+        let timed = timed.layer(middleware::from_fn(
+            move |req: Request, next: Next| async move {
+                match tokio::time::timeout(timeout, next.run(req)).await {
+                    Ok(res) => res,
+                    Err(_) => ApiError::new(
+                        ErrorCode::RequestTimeout,
+                        format!("the request took longer than {timeout:?}"),
+                    )
+                    .into_response(),
+                }
+            },
+        ));
         // Bounded by their own `wait` (capped by `max_wait`) or streaming.
         let open = Router::new()
             .route("/v1/runs/{id}/events", get(events::events))
@@ -224,7 +251,7 @@ fn cors_layer(origins: &[String]) -> Option<CorsLayer> {
     Some(
         CorsLayer::new()
             .allow_origin(allow)
-            .allow_methods([Method::GET, Method::POST])
+            .allow_methods([Method::GET, Method::POST, Method::PUT, Method::DELETE])
             .allow_headers([
                 header::AUTHORIZATION,
                 header::CONTENT_TYPE,

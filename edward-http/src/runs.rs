@@ -51,6 +51,7 @@ pub(crate) async fn submit(
     let mut run_request = RunRequest::new(caller.user_id.to_string(), req.chat_id, req.prompt);
     run_request.model = req.model;
     run_request.budgets = req.budgets;
+    run_request.credential = req.credential;
     let (run_id, replayed) = match headers.get(IDEMPOTENCY_KEY) {
         Some(key) => {
             let key = key

@@ -25,6 +25,9 @@ pub(crate) struct Inner {
     /// Fired on shutdown: open streams end with a `reconnect` event.
     pub(crate) shutdown: CancellationToken,
     pub(crate) webhooks: Option<Arc<crate::webhooks::Webhooks>>,
+    /// The provider registry whose vault the credential routes use.
+    #[cfg(feature = "registry")]
+    pub(crate) registry: std::sync::OnceLock<Arc<edward_core::registry::ProviderRegistry>>,
 }
 
 #[derive(Clone)]

@@ -27,6 +27,9 @@ pub struct Opts {
     pub http: HttpConfig,
     pub limits: AdmissionLimits,
     pub worker: bool,
+    /// Route runs through this registry and serve its credential routes.
+    #[cfg(feature = "registry")]
+    pub registry: Option<Arc<edward_core::registry::ProviderRegistry>>,
 }
 
 impl Default for Opts {
@@ -40,6 +43,8 @@ impl Default for Opts {
                 per_chat: 1,
             },
             worker: true,
+            #[cfg(feature = "registry")]
+            registry: None,
         }
     }
 }
@@ -63,7 +68,8 @@ impl TestServer {
         let dir = tempfile::tempdir().expect("tempdir");
         let provider = Arc::new(LocalSandboxProvider::new(dir.path().join("sandboxes")));
         let mem = MemoryBackends::new();
-        let engine = Engine::builder()
+        #[allow(unused_mut)]
+        let mut builder = Engine::builder()
             .backend(Backend::new(
                 mem.store.clone(),
                 mem.queue.clone(),
@@ -72,13 +78,21 @@ impl TestServer {
             .sandbox_provider(provider.clone() as Arc<dyn SandboxProvider>)
             .model_client(Arc::new(opts.model))
             .admission_limits(opts.limits)
-            .config(EngineConfig::default())
-            .build()
-            .expect("engine builds");
+            .config(EngineConfig::default());
+        #[cfg(feature = "registry")]
+        if let Some(r) = &opts.registry {
+            builder = builder.registry(r.clone());
+        }
+        let engine = builder.build().expect("engine builds");
         let mut keys = ApiKeys::new();
         keys.insert("alice", ALICE);
         keys.insert("bob", BOB);
-        let api = Api::new(engine.clone(), keys, opts.http);
+        #[allow(unused_mut)]
+        let mut api = Api::new(engine.clone(), keys, opts.http);
+        #[cfg(feature = "registry")]
+        if let Some(r) = opts.registry {
+            api = api.with_registry(r);
+        }
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
