@@ -184,7 +184,16 @@ fn percentile(sorted: &[u64], p: f64) -> u64 {
 
 async fn scenario(subs: usize, runs: usize) {
     let exe = std::env::current_exe().expect("exe");
-    let mut child = Command::new(exe)
+    // `SSE_FANOUT_SERVER_WRAPPER=heaptrack` runs the server under a profiler.
+    let mut cmd = match std::env::var("SSE_FANOUT_SERVER_WRAPPER") {
+        Ok(w) if !w.is_empty() => {
+            let mut c = Command::new(w);
+            c.arg(exe);
+            c
+        }
+        _ => Command::new(exe),
+    };
+    let mut child = cmd
         .arg("--serve")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -194,7 +203,13 @@ async fn scenario(subs: usize, runs: usize) {
     let mut stdin = child.stdin.take().expect("stdin");
     let mut stdout = std::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
     let mut read = move || stdout.next().expect("line").expect("read");
-    let addr = read();
+    // The first line that is an address (a wrapper may print its own lines).
+    let addr = loop {
+        let line = read();
+        if line.parse::<std::net::SocketAddr>().is_ok() {
+            break line;
+        }
+    };
     let base = format!("http://{addr}");
     writeln!(stdin, "runs {runs}").expect("cmd");
     let ids: Vec<String> = read().split_whitespace().map(String::from).collect();

@@ -38,11 +38,10 @@ pub struct HttpConfig {
     /// Deliver run events of the runs this server admits to a webhook
     /// (default none).
     pub webhook: Option<WebhookConfig>,
-    /// Frames an SSE subscriber may fall behind its run's shared tail before
-    /// it lags and replays the gap from the store (default 512).
-    pub sse_hub_capacity: usize,
-    /// Recent frames each run's shared tail keeps, so a client resuming near
-    /// the live end is served without a store read (default 256).
+    /// Recent SSE frames each watched run's shared tail keeps (default 256,
+    /// allocated as they arrive). A client resuming within them, or slowed
+    /// down by less than that, is served from memory; one further behind
+    /// replays the gap from the store.
     pub sse_hub_ring: usize,
 }
 
@@ -61,7 +60,6 @@ impl Default for HttpConfig {
             max_file_bytes: 8 * 1024 * 1024,
             idempotency_ttl: Duration::from_secs(24 * 3600),
             webhook: None,
-            sse_hub_capacity: 512,
             sse_hub_ring: 256,
         }
     }
@@ -113,11 +111,9 @@ impl HttpConfig {
         self.webhook = Some(w);
         self
     }
-    /// Set the SSE hubs' channel capacity and ring size (see
-    /// [`HttpConfig::sse_hub_capacity`], [`HttpConfig::sse_hub_ring`]).
-    pub fn sse_hub(mut self, capacity: usize, ring: usize) -> Self {
-        self.sse_hub_capacity = capacity;
-        self.sse_hub_ring = ring;
+    /// Set [`HttpConfig::sse_hub_ring`].
+    pub fn sse_hub_ring(mut self, frames: usize) -> Self {
+        self.sse_hub_ring = frames;
         self
     }
     /// Serve (or not) the web page at `/`.

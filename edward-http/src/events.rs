@@ -92,27 +92,28 @@ fn sse(state: AppState, run: &Run, after: u64) -> Response {
     let max_age = state.config.max_stream_age;
     let heartbeat = state.config.heartbeat;
     let shutdown = state.shutdown.clone();
-    let frames = hub::subscribe(
+    // Boxed: the generator below then holds a pointer, not a second copy.
+    let mut frames = Box::pin(hub::subscribe(
         state.hubs.clone(),
         state.engine.clone(),
         run.id,
         after,
         run.last_seq,
         !run.status.is_terminal(),
-    );
+    ));
     let stream = async_stream::stream! {
         let _guard = guard;
         yield Ok::<Bytes, Infallible>(retry);
-        let mut frames = std::pin::pin!(frames);
         // Created once: 1,000 subscribers re-registering on the shared
-        // token (or resetting a timer) per event would contend on its lock.
+        // token (or re-arming a timer) per event would contend on its lock.
         let stop = shutdown.cancelled();
         tokio::pin!(stop);
-        let age = tokio::time::sleep(max_age);
-        tokio::pin!(age);
-        let beat = tokio::time::sleep(heartbeat);
-        tokio::pin!(beat);
-        let mut last_write = tokio::time::Instant::now();
+        // One timer for both the heartbeat and the maximum age.
+        let born = tokio::time::Instant::now();
+        let old_at = born + max_age;
+        let timer = tokio::time::sleep_until((born + heartbeat).min(old_at));
+        tokio::pin!(timer);
+        let mut last_write = born;
         let mut last = after;
         loop {
             tokio::select! {
@@ -121,16 +122,27 @@ fn sse(state: AppState, run: &Run, after: u64) -> Response {
                     yield Ok(reconnect(last, "shutdown"));
                     break;
                 }
-                _ = &mut age => {
-                    yield Ok(reconnect(last, "max_stream_age"));
-                    break;
+                _ = &mut timer => {
+                    let now = tokio::time::Instant::now();
+                    if now >= old_at {
+                        yield Ok(reconnect(last, "max_stream_age"));
+                        break;
+                    }
+                    // Quiet for a whole interval: a comment, so proxies with
+                    // idle timeouts keep the connection. Otherwise wait out
+                    // the interval from the last write.
+                    if now.duration_since(last_write) >= heartbeat {
+                        last_write = now;
+                        yield Ok(Bytes::from_static(b":\n\n"));
+                    }
+                    timer.as_mut().reset((last_write + heartbeat).min(old_at));
                 }
                 item = frames.next() => match item {
                     Some(Ok(f)) => {
                         last = f.seq;
                         last_write = tokio::time::Instant::now();
                         state.metrics.events_streamed.inc();
-                        yield Ok(f.bytes);
+                        yield Ok(f.bytes.clone());
                         if f.terminal {
                             break;
                         }
@@ -141,17 +153,6 @@ fn sse(state: AppState, run: &Run, after: u64) -> Response {
                     }
                     None => break,
                 },
-                _ = &mut beat => {
-                    // Quiet for a whole interval: a comment, so proxies with
-                    // idle timeouts keep the connection. Otherwise wait out
-                    // the interval from the last write.
-                    let now = tokio::time::Instant::now();
-                    if now.duration_since(last_write) >= heartbeat {
-                        last_write = now;
-                        yield Ok(Bytes::from_static(b":\n\n"));
-                    }
-                    beat.as_mut().reset(last_write + heartbeat);
-                }
             }
         }
     };

@@ -4,19 +4,21 @@
 //! store read and a JSON encoding per subscriber. A [`Hub`] is created by a
 //! run's first subscriber and dropped with its last; its task runs **one**
 //! engine tail, encodes each event's SSE frame **once** ([`Frame`], shared
-//! `Bytes`), keeps the most recent frames in a ring and broadcasts them.
+//! `Bytes`) and appends it to a bounded ring of recent frames, then bumps a
+//! `watch` channel holding the newest seq.
 //!
-//! A subscriber ([`subscribe`]) resumes exactly after its cursor:
-//! 1. under the ring's lock it subscribes to the broadcast and snapshots the
-//!    ring, so every frame is either in the snapshot or still to come on the
-//!    channel;
-//! 2. it replays from the store the backlog older than the snapshot (`after <
-//!    the hub's first seq`), then the snapshot, then the channel;
-//! 3. `seq` is the cursor throughout: a frame at or below it is a duplicate
-//!    and skipped, a frame beyond `cursor + 1` (after a `Lagged`, when a slow
-//!    client let the channel overrun) is preceded by a store replay of the
-//!    gap. No event is lost, none is sent twice.
+//! A subscriber ([`subscribe`]) keeps its own cursor (`seq`) and loops:
+//! 1. mark the watch value seen, then, under the ring's lock, take the
+//!    frames after its cursor (so a frame published after the read wakes
+//!    it, one published before is in what it took);
+//! 2. if its cursor is older than the ring's oldest frame (the backlog of a
+//!    resumed stream, or frames evicted while a slow client was not reading
+//!    — a lag), replay that gap from the store first;
+//! 3. send, advance the cursor, and wait for the next change.
 //!
+//! The cursor makes it exact: nothing at or below it is sent again, nothing
+//! above it is skipped. An idle subscriber holds a pointer to the hub, its
+//! cursor and a `watch` receiver; the ring is allocated as frames arrive.
 //! When the hub's tail ends without the terminal event (a store error) its
 //! subscribers fall back to their own engine tail from their cursor, which
 //! reports the error itself.
@@ -31,17 +33,18 @@ use edward_core::{RunEvent, RunId, StoreError};
 use futures::Stream;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
-use tokio::sync::broadcast;
-use tokio::sync::broadcast::error::RecvError;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 /// Store pages read during a backlog or gap replay.
 const PAGE: usize = 512;
+/// Frames a subscriber takes from the ring per lock.
+const BATCH: usize = 64;
 
 /// One run event as an SSE frame, encoded once and shared by every
 /// subscriber: `id: seq`, `event: type`, `data: {run_id, seq, type, at,
 /// payload}`.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(crate) struct Frame {
     pub(crate) seq: u64,
     pub(crate) terminal: bool,
@@ -67,20 +70,14 @@ impl Frame {
     }
 }
 
-#[derive(Debug, Clone)]
-enum Msg {
-    Frame(Frame),
-    /// The hub's tail ended without the terminal event: fall back.
-    Ended,
-}
+/// A frame as the ring and the subscribers share it.
+pub(crate) type SharedFrame = Arc<Frame>;
 
 /// Tuning of the hubs.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct HubConfig {
-    /// Frames a subscriber may fall behind before it lags (and replays the
-    /// gap from the store).
-    pub(crate) capacity: usize,
-    /// Recent frames kept for joining subscribers.
+    /// Recent frames each hub keeps: a subscriber further behind (a slow
+    /// client, or a resume from an older seq) replays the gap from the store.
     pub(crate) ring: usize,
 }
 
@@ -89,21 +86,32 @@ pub(crate) struct HubConfig {
 pub(crate) struct HubMetrics {
     /// Hub tails running.
     pub(crate) hubs: Gauge,
-    /// Times a subscriber lagged behind its hub and replayed from the store.
+    /// Times a subscriber fell behind its hub's ring and replayed from the store.
     pub(crate) lag_recoveries: Counter<u64, AtomicU64>,
 }
 
 struct Ring {
-    frames: VecDeque<Frame>,
-    /// The newest seq broadcast (the tail's start before the first frame).
+    frames: VecDeque<SharedFrame>,
+    /// The newest seq published (the tail's start before the first frame).
     last_sent: u64,
+    /// The tail ended without the terminal event.
     ended: bool,
 }
 
+/// What a subscriber takes from the ring in one look.
+enum Take {
+    /// Replay `(cursor, upto]` from the store first.
+    Replay { upto: u64 },
+    /// These frames (possibly none: wait).
+    Frames(Vec<SharedFrame>),
+    /// Nothing more will come from the hub.
+    Ended,
+}
+
 struct Shared {
-    tx: broadcast::Sender<Msg>,
     ring: Mutex<Ring>,
     ring_cap: usize,
+    newest: watch::Sender<u64>,
 }
 
 impl Shared {
@@ -111,23 +119,44 @@ impl Shared {
         self.ring.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn publish(&self, frame: Frame) {
-        let mut ring = self.lock();
-        ring.last_sent = frame.seq;
-        if self.ring_cap > 0 {
-            if ring.frames.len() >= self.ring_cap {
+    fn publish(&self, frame: SharedFrame) {
+        let seq = frame.seq;
+        {
+            let mut ring = self.lock();
+            ring.last_sent = seq;
+            if ring.frames.len() >= self.ring_cap.max(1) {
                 ring.frames.pop_front();
             }
-            ring.frames.push_back(frame.clone());
+            ring.frames.push_back(frame);
         }
-        // No receiver is fine: the next subscriber starts from the ring.
-        let _ = self.tx.send(Msg::Frame(frame));
+        self.newest.send_replace(seq);
     }
 
     fn end(&self) {
-        let mut ring = self.lock();
-        ring.ended = true;
-        let _ = self.tx.send(Msg::Ended);
+        self.lock().ended = true;
+        self.newest.send_modify(|_| {});
+    }
+
+    fn take(&self, after: u64) -> Take {
+        let ring = self.lock();
+        let boundary = ring
+            .frames
+            .front()
+            .map_or(ring.last_sent, |f| f.seq.saturating_sub(1));
+        if after < boundary {
+            return Take::Replay { upto: boundary };
+        }
+        let frames: Vec<SharedFrame> = ring
+            .frames
+            .iter()
+            .skip_while(|f| f.seq <= after)
+            .take(BATCH)
+            .cloned()
+            .collect();
+        if frames.is_empty() && ring.ended {
+            return Take::Ended;
+        }
+        Take::Frames(frames)
     }
 }
 
@@ -159,38 +188,6 @@ fn remove(map: &HubMap, run_id: RunId, id: u64) {
     }
 }
 
-/// What a joining subscriber gets: the channel, the ring's frames after its
-/// cursor, and the seq the first of those (or of the channel) follows.
-struct Joined {
-    rx: broadcast::Receiver<Msg>,
-    snapshot: Vec<Frame>,
-    /// Frames from the hub start after this seq; older ones come from the store.
-    from: u64,
-    ended: bool,
-}
-
-impl Hub {
-    fn join(&self, after: u64) -> Joined {
-        let ring = self.shared.lock();
-        let rx = self.shared.tx.subscribe();
-        let from = ring
-            .frames
-            .front()
-            .map_or(ring.last_sent, |f| f.seq.saturating_sub(1));
-        Joined {
-            rx,
-            snapshot: ring
-                .frames
-                .iter()
-                .filter(|f| f.seq > after)
-                .cloned()
-                .collect(),
-            from,
-            ended: ring.ended,
-        }
-    }
-}
-
 /// The hubs of this process, by run.
 pub(crate) struct Hubs {
     map: Arc<HubMap>,
@@ -217,15 +214,14 @@ impl Hubs {
             return hub;
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let (tx, _) = broadcast::channel(self.config.capacity.max(1));
         let shared = Arc::new(Shared {
-            tx,
             ring: Mutex::new(Ring {
                 frames: VecDeque::new(),
                 last_sent: start,
                 ended: false,
             }),
             ring_cap: self.config.ring,
+            newest: watch::Sender::new(start),
         });
         let stop = CancellationToken::new();
         let hub = Arc::new(Hub {
@@ -249,7 +245,7 @@ impl Hubs {
                     _ = stop.cancelled() => break,
                     item = tail.next() => match item {
                         Some(Ok(e)) => {
-                            let frame = Frame::encode(&e);
+                            let frame = Arc::new(Frame::encode(&e));
                             let terminal = frame.terminal;
                             shared.publish(frame);
                             if terminal {
@@ -295,79 +291,64 @@ pub(crate) fn subscribe(
     after: u64,
     start: u64,
     live: bool,
-) -> impl Stream<Item = Result<Frame, StoreError>> + Send + 'static {
+) -> impl Stream<Item = Result<SharedFrame, StoreError>> + Send + 'static {
     async_stream::try_stream! {
         let mut last = after;
-        let mut fallback = !live;
         if live {
             let hub = hubs.get(&engine, run_id, start);
-            let Joined { mut rx, snapshot, from, ended } = hub.join(after);
-            if ended {
-                fallback = true;
-            } else {
-                // Backlog: (after, from] from the store.
-                let mut done = false;
-                for f in replay(&engine, run_id, last, from).await? {
-                    last = f.seq;
-                    done = f.terminal;
-                    yield f;
-                    if done {
-                        break;
-                    }
-                }
-                // The ring's frames, then the channel, deduplicated by seq.
-                let mut snapshot = std::collections::VecDeque::from(snapshot);
-                while !done {
-                    let frame = match snapshot.pop_front() {
-                        Some(f) => f,
-                        None => {
-                            // Free the snapshot's buffer: an idle subscriber
-                            // holds only its receiver.
-                            snapshot = std::collections::VecDeque::new();
-                            match rx.recv().await {
-                            Ok(Msg::Frame(f)) => f,
-                            Ok(Msg::Ended) | Err(RecvError::Closed) => {
-                                fallback = true;
-                                break;
-                            }
-                            Err(RecvError::Lagged(skipped)) => {
-                                tracing::debug!(%run_id, skipped, "SSE subscriber lagged; replaying the gap from the store");
-                                hubs.metrics.lag_recoveries.inc();
-                                continue;
-                            }
-                        }}
-                    };
-                    if frame.seq <= last {
-                        continue;
-                    }
-                    if frame.seq > last + 1 {
-                        for f in replay(&engine, run_id, last, frame.seq - 1).await? {
+            let mut newest = hub.shared.newest.subscribe();
+            let mut first = true;
+            loop {
+                // Seen before the look: a frame published after it wakes us.
+                newest.borrow_and_update();
+                match hub.shared.take(last) {
+                    Take::Replay { upto } => {
+                        if !first {
+                            tracing::debug!(%run_id, last, upto, "SSE subscriber fell behind the ring; replaying from the store");
+                            hubs.metrics.lag_recoveries.inc();
+                        }
+                        let frames = Box::pin(replay(&engine, run_id, last, upto)).await?;
+                        if frames.is_empty() {
+                            // The store has less than the hub published: never.
+                            break;
+                        }
+                        for f in frames {
                             last = f.seq;
-                            done = f.terminal;
+                            let terminal = f.terminal;
                             yield f;
-                            if done {
-                                break;
+                            if terminal {
+                                return;
                             }
                         }
-                        if done {
+                    }
+                    Take::Frames(frames) if frames.is_empty() => {
+                        if newest.changed().await.is_err() {
                             break;
                         }
                     }
-                    last = frame.seq;
-                    done = frame.terminal;
-                    yield frame;
+                    Take::Frames(frames) => {
+                        for f in frames {
+                            last = f.seq;
+                            let terminal = f.terminal;
+                            yield f;
+                            if terminal {
+                                return;
+                            }
+                        }
+                    }
+                    Take::Ended => break,
                 }
+                first = false;
             }
         }
-        if fallback {
-            let mut tail = engine.raw_events(run_id, last);
-            while let Some(e) = tail.next().await {
-                let f = Frame::encode(&e?);
-                let terminal = f.terminal;
-                yield f;
-                if terminal {
-                    break;
-                }
+        // The hub ended early (or the run had finished): our own tail.
+        let mut tail = engine.raw_events(run_id, last);
+        while let Some(e) = tail.next().await {
+            let f = Arc::new(Frame::encode(&e?));
+            let terminal = f.terminal;
+            yield f;
+            if terminal {
+                break;
             }
         }
     }
@@ -379,7 +360,7 @@ async fn replay(
     run_id: RunId,
     mut after: u64,
     upto: u64,
-) -> Result<Vec<Frame>, StoreError> {
+) -> Result<Vec<SharedFrame>, StoreError> {
     let mut out = Vec::new();
     while after < upto {
         let page = engine.store().events_after(run_id, after, PAGE).await?;
@@ -387,7 +368,7 @@ async fn replay(
             break;
         };
         for e in page.iter().filter(|e| e.seq <= upto) {
-            let f = Frame::encode(e);
+            let f = Arc::new(Frame::encode(e));
             let terminal = f.terminal;
             out.push(f);
             if terminal {
@@ -489,7 +470,7 @@ mod tests {
         }
     }
 
-    async fn seqs(s: impl Stream<Item = Result<Frame, StoreError>>) -> Vec<u64> {
+    async fn seqs(s: impl Stream<Item = Result<SharedFrame, StoreError>>) -> Vec<u64> {
         let frames: Vec<_> = tokio::time::timeout(Duration::from_secs(20), s.collect::<Vec<_>>())
             .await
             .expect("stream ends");
@@ -499,10 +480,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_lagging_subscriber_replays_the_gap_and_misses_nothing() {
         let f = fixture().await;
-        let hubs = Arc::new(Hubs::new(HubConfig {
-            capacity: 4,
-            ring: 2,
-        }));
+        let hubs = Arc::new(Hubs::new(HubConfig { ring: 4 }));
         let mut slow = Box::pin(subscribe(hubs.clone(), f.engine.clone(), f.run, 0, 1, true));
         assert_eq!(slow.next().await.expect("first").expect("ok").seq, 1);
         // A fast subscriber drains as the hub publishes; the slow one reads
@@ -535,10 +513,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_hub_is_dropped_with_its_last_subscriber() {
         let f = fixture().await;
-        let hubs = Arc::new(Hubs::new(HubConfig {
-            capacity: 16,
-            ring: 16,
-        }));
+        let hubs = Arc::new(Hubs::new(HubConfig { ring: 16 }));
         let mut a = Box::pin(subscribe(hubs.clone(), f.engine.clone(), f.run, 0, 1, true));
         let mut b = Box::pin(subscribe(hubs.clone(), f.engine.clone(), f.run, 1, 1, true));
         assert_eq!(a.next().await.expect("a").expect("ok").seq, 1);

@@ -72,11 +72,11 @@ async fn metric(s: &TestServer, name: &str) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn subscribers_joining_during_appends_switch_from_backlog_to_live_without_gap_or_duplicate() {
-    // A tiny ring and channel, so joins land before, inside and after the
-    // ring and fast appends overrun slow readers.
+    // A tiny ring, so joins land before, inside and after it and fast
+    // appends overrun slow readers.
     let s = TestServer::start(Opts {
         worker: false,
-        http: HttpConfig::default().rate_limit(None).sse_hub(8, 4),
+        http: HttpConfig::default().rate_limit(None).sse_hub_ring(4),
         ..Opts::default()
     })
     .await;
