@@ -300,7 +300,7 @@ pub(crate) fn subscribe(
             let mut first = true;
             loop {
                 // Seen before the look: a frame published after it wakes us.
-                newest.borrow_and_update();
+                let seen = *newest.borrow_and_update();
                 match hub.shared.take(last) {
                     Take::Replay { upto } => {
                         if !first {
@@ -334,6 +334,11 @@ pub(crate) fn subscribe(
                             if terminal {
                                 return;
                             }
+                        }
+                        // Caught up with what was published at the look:
+                        // wait rather than look again.
+                        if last >= seen && newest.changed().await.is_err() {
+                            break;
                         }
                     }
                     Take::Ended => break,
