@@ -174,6 +174,19 @@ fn rss_kib(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
+/// utime + stime of `pid`, in clock ticks (1/100 s on Linux).
+fn cpu_ticks(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            // Fields after the parenthesised command name; utime, stime are 14, 15.
+            let rest = s.rsplit_once(')')?.1;
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+        })
+        .unwrap_or(0)
+}
+
 fn percentile(sorted: &[u64], p: f64) -> u64 {
     if sorted.is_empty() {
         return 0;
@@ -294,6 +307,7 @@ async fn scenario(subs: usize, runs: usize) {
         total as f64 / 3.0
     };
 
+    let cpu_before = cpu_ticks(pid);
     writeln!(stdin, "append").expect("cmd");
     assert_eq!(read(), "appended");
     writeln!(stdin, "finish").expect("cmd");
@@ -302,12 +316,14 @@ async fn scenario(subs: usize, runs: usize) {
     for t in tasks {
         all.extend(t.await.expect("subscriber"));
     }
+    let cpu_ms = cpu_ticks(pid).saturating_sub(cpu_before) * 10;
     all.sort_unstable();
     let expected = subs * (EVENTS + 1);
     println!(
         "sse_fanout: {subs} subscribers on {runs} run(s) ({} per run): delivered {}/{} events, \
          latency p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms; server RSS {} KiB before, {} KiB with idle subscribers \
-         = {:.1} KiB per subscriber; GET /v1/runs/{{id}} {:.0} req/s (32 clients, {subs} streams open)",
+         = {:.1} KiB per subscriber; GET /v1/runs/{{id}} {:.0} req/s (32 clients, {subs} streams open); \
+         server CPU while appending and streaming {cpu_ms} ms = {:.1} µs per delivered event",
         subs / runs,
         all.len(),
         expected,
@@ -318,6 +334,7 @@ async fn scenario(subs: usize, runs: usize) {
         rss_idle,
         (rss_idle.saturating_sub(rss_before)) as f64 / subs as f64,
         rps,
+        (cpu_ms as f64 * 1000.0) / all.len().max(1) as f64,
     );
     drop(stdin);
     let _ = child.kill();
