@@ -8,7 +8,14 @@
 //! cargo run --example server                       # prints a development API key
 //! cargo run --example server -- --api-key alice:sk-alice --api-key bob:sk-bob
 //! cargo run --example server --features postgres -- --database-url postgres://…
+//! cargo run --example server --features docker -- --sandbox docker
+//! EDWARD_REDIS_URL=redis://127.0.0.1:6379 cargo run --example server --features redis
 //! ```
+//!
+//! `--sandbox docker` runs each run in a container (image `--image`,
+//! default `edward-sandbox:busybox`, built by `scripts/docker-image.sh`;
+//! docs/DOCKER.md). `EDWARD_REDIS_URL` (or `--redis-url`) takes the queue,
+//! notifier and write buffer from Redis (docs/REDIS.md).
 //!
 //! Every `/v1` request needs `Authorization: Bearer <key>` (`401` without).
 //! See docs/HTTP.md for the routes.
@@ -48,9 +55,18 @@ struct Cli {
     /// Where sandboxes live.
     #[arg(long, default_value = "./edward-data/sandboxes")]
     dir: PathBuf,
-    /// Sandbox backend: `local` (Docker is not built yet).
-    #[arg(long, default_value = "local")]
-    sandbox: String,
+    /// Sandbox backend: `local` (a directory per run under `--dir`) or
+    /// `docker` (a container per run; needs the `docker` feature).
+    #[arg(long, value_enum, default_value = "local")]
+    sandbox: SandboxKind,
+    /// The image of Docker sandboxes (default `edward-sandbox:busybox`,
+    /// built by `scripts/docker-image.sh`).
+    #[arg(long)]
+    image: Option<String>,
+    /// A `redis://` URL: queue, notifier and write buffer from Redis (runs
+    /// stay in SQLite or Postgres; feature `redis`, docs/REDIS.md).
+    #[arg(long, env = "EDWARD_REDIS_URL")]
+    redis_url: Option<String>,
     /// Runs this process works on at once (0 = serve the API only).
     #[arg(long, default_value_t = 4)]
     workers: usize,
@@ -84,6 +100,12 @@ struct Cli {
     webhook_allow_private: bool,
 }
 
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum SandboxKind {
+    Local,
+    Docker,
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
     tracing_subscriber::fmt()
@@ -103,19 +125,25 @@ async fn main() -> ExitCode {
 }
 
 async fn serve(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
-    if cli.sandbox != "local" {
-        return Err(format!("--sandbox {}: only `local` is built", cli.sandbox).into());
-    }
-    std::fs::create_dir_all(&cli.dir)?;
-    let sandboxes: Arc<dyn SandboxProvider> = Arc::new(LocalSandboxProvider::new(&cli.dir));
-    let builder = Engine::builder()
-        .backend(open_backend(&cli).await?)
-        .sandbox_provider(sandboxes.clone())
+    let sandboxes: Arc<dyn SandboxProvider> = match cli.sandbox {
+        SandboxKind::Local => {
+            std::fs::create_dir_all(&cli.dir)?;
+            Arc::new(LocalSandboxProvider::new(&cli.dir))
+        }
+        SandboxKind::Docker => docker_provider(&cli).await?,
+    };
+    let (backend, redis_write_buffer) = with_redis(&cli, open_backend(&cli).await?).await?;
+    let mut builder = Engine::builder()
+        .backend(backend)
+        .sandbox_provider(sandboxes)
         .admission_limits(AdmissionLimits {
             global: cli.limit_global,
             per_user: cli.limit_user,
             per_chat: cli.limit_chat,
         });
+    if let Some(w) = redis_write_buffer {
+        builder = builder.write_buffer(w);
+    }
     let engine = with_model_from_env(builder)?.build()?;
 
     let mut keys = ApiKeys::new();
@@ -140,7 +168,7 @@ async fn serve(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
                 .allow_private(cli.webhook_allow_private),
         );
     }
-    let api = Api::new(engine.clone(), sandboxes, keys, config);
+    let api = Api::new(engine.clone(), keys, config);
 
     let listener = tokio::net::TcpListener::bind(cli.bind).await?;
     let addr = listener.local_addr()?;
@@ -185,6 +213,49 @@ async fn shutdown_signal() {
     #[cfg(not(unix))]
     {
         let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+#[cfg(feature = "docker")]
+async fn docker_provider(
+    cli: &Cli,
+) -> Result<Arc<dyn SandboxProvider>, Box<dyn std::error::Error>> {
+    let mut config = edward::sandbox::DockerSandboxConfig::default();
+    if let Some(image) = &cli.image {
+        config.image = image.clone();
+    }
+    Ok(Arc::new(
+        edward::sandbox::DockerSandboxProvider::connect(config).await?,
+    ))
+}
+
+#[cfg(not(feature = "docker"))]
+async fn docker_provider(_: &Cli) -> Result<Arc<dyn SandboxProvider>, Box<dyn std::error::Error>> {
+    Err("--sandbox docker needs the `docker` feature (cargo run --example server --features docker -- --sandbox docker)".into())
+}
+
+/// `EDWARD_REDIS_URL` replaces the queue (with recovery from the store after
+/// Redis loses its data), the notifier and the write buffer.
+async fn with_redis(
+    cli: &Cli,
+    backend: Backend,
+) -> Result<(Backend, Option<Arc<dyn edward::spi::WriteBuffer>>), Box<dyn std::error::Error>> {
+    let Some(url) = cli.redis_url.as_deref().filter(|u| !u.is_empty()) else {
+        return Ok((backend, None));
+    };
+    #[cfg(feature = "redis")]
+    {
+        let redis = edward::store::RedisBackend::connect(url).await?;
+        let store = backend.store().clone();
+        let backend = backend
+            .with_queue(Arc::new(redis.queue_with_recovery(store)))
+            .with_notifier(Arc::new(redis.notifier().await?));
+        Ok((backend, Some(Arc::new(redis.write_buffer()))))
+    }
+    #[cfg(not(feature = "redis"))]
+    {
+        let _ = backend;
+        Err(format!("{url:.8}…: built without the `redis` feature").into())
     }
 }
 

@@ -76,12 +76,7 @@ async fn serve() {
         .expect("engine");
     let mut keys = ApiKeys::new();
     keys.insert("bench", KEY);
-    let api = Api::new(
-        engine.clone(),
-        sandboxes,
-        keys,
-        HttpConfig::default().rate_limit(None),
-    );
+    let api = Api::new(engine.clone(), keys, HttpConfig::default().rate_limit(None));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
@@ -179,6 +174,19 @@ fn rss_kib(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
+/// utime + stime of `pid`, in clock ticks (1/100 s on Linux).
+fn cpu_ticks(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            // Fields after the parenthesised command name; utime, stime are 14, 15.
+            let rest = s.rsplit_once(')')?.1;
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+        })
+        .unwrap_or(0)
+}
+
 fn percentile(sorted: &[u64], p: f64) -> u64 {
     if sorted.is_empty() {
         return 0;
@@ -189,7 +197,16 @@ fn percentile(sorted: &[u64], p: f64) -> u64 {
 
 async fn scenario(subs: usize, runs: usize) {
     let exe = std::env::current_exe().expect("exe");
-    let mut child = Command::new(exe)
+    // `SSE_FANOUT_SERVER_WRAPPER=heaptrack` runs the server under a profiler.
+    let mut cmd = match std::env::var("SSE_FANOUT_SERVER_WRAPPER") {
+        Ok(w) if !w.is_empty() => {
+            let mut c = Command::new(w);
+            c.arg(exe);
+            c
+        }
+        _ => Command::new(exe),
+    };
+    let mut child = cmd
         .arg("--serve")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -199,7 +216,13 @@ async fn scenario(subs: usize, runs: usize) {
     let mut stdin = child.stdin.take().expect("stdin");
     let mut stdout = std::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
     let mut read = move || stdout.next().expect("line").expect("read");
-    let addr = read();
+    // The first line that is an address (a wrapper may print its own lines).
+    let addr = loop {
+        let line = read();
+        if line.parse::<std::net::SocketAddr>().is_ok() {
+            break line;
+        }
+    };
     let base = format!("http://{addr}");
     writeln!(stdin, "runs {runs}").expect("cmd");
     let ids: Vec<String> = read().split_whitespace().map(String::from).collect();
@@ -284,6 +307,7 @@ async fn scenario(subs: usize, runs: usize) {
         total as f64 / 3.0
     };
 
+    let cpu_before = cpu_ticks(pid);
     writeln!(stdin, "append").expect("cmd");
     assert_eq!(read(), "appended");
     writeln!(stdin, "finish").expect("cmd");
@@ -292,12 +316,14 @@ async fn scenario(subs: usize, runs: usize) {
     for t in tasks {
         all.extend(t.await.expect("subscriber"));
     }
+    let cpu_ms = cpu_ticks(pid).saturating_sub(cpu_before) * 10;
     all.sort_unstable();
     let expected = subs * (EVENTS + 1);
     println!(
         "sse_fanout: {subs} subscribers on {runs} run(s) ({} per run): delivered {}/{} events, \
          latency p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms; server RSS {} KiB before, {} KiB with idle subscribers \
-         = {:.1} KiB per subscriber; GET /v1/runs/{{id}} {:.0} req/s (32 clients, {subs} streams open)",
+         = {:.1} KiB per subscriber; GET /v1/runs/{{id}} {:.0} req/s (32 clients, {subs} streams open); \
+         server CPU while appending and streaming {cpu_ms} ms = {:.1} µs per delivered event",
         subs / runs,
         all.len(),
         expected,
@@ -308,6 +334,7 @@ async fn scenario(subs: usize, runs: usize) {
         rss_idle,
         (rss_idle.saturating_sub(rss_before)) as f64 / subs as f64,
         rps,
+        (cpu_ms as f64 * 1000.0) / all.len().max(1) as f64,
     );
     drop(stdin);
     let _ = child.kill();

@@ -38,6 +38,11 @@ pub struct HttpConfig {
     /// Deliver run events of the runs this server admits to a webhook
     /// (default none).
     pub webhook: Option<WebhookConfig>,
+    /// Recent SSE frames each watched run's shared tail keeps (default 256,
+    /// allocated as they arrive). A client resuming within them, or slowed
+    /// down by less than that, is served from memory; one further behind
+    /// replays the gap from the store.
+    pub sse_hub_ring: usize,
 }
 
 impl Default for HttpConfig {
@@ -55,6 +60,7 @@ impl Default for HttpConfig {
             max_file_bytes: 8 * 1024 * 1024,
             idempotency_ttl: Duration::from_secs(24 * 3600),
             webhook: None,
+            sse_hub_ring: 256,
         }
     }
 }
@@ -103,6 +109,11 @@ impl HttpConfig {
     /// Deliver events to a webhook.
     pub fn webhook(mut self, w: WebhookConfig) -> Self {
         self.webhook = Some(w);
+        self
+    }
+    /// Set [`HttpConfig::sse_hub_ring`].
+    pub fn sse_hub_ring(mut self, frames: usize) -> Self {
+        self.sse_hub_ring = frames;
         self
     }
     /// Serve (or not) the web page at `/`.

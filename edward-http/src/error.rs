@@ -5,7 +5,7 @@ use std::time::Duration;
 use axum::Json;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use edward_core::engine::SubmitError;
+use edward_core::engine::{FilesError, SubmitError};
 use edward_core::{AdmissionError, SandboxError, StoreError};
 use serde::Serialize;
 use utoipa::ToSchema;
@@ -215,6 +215,23 @@ impl From<SandboxError> for ApiError {
             e => {
                 tracing::error!(error = %e, "sandbox error");
                 ApiError::new(ErrorCode::Internal, "internal sandbox error")
+            }
+        }
+    }
+}
+
+impl From<FilesError> for ApiError {
+    fn from(e: FilesError) -> Self {
+        match e {
+            FilesError::RunNotFound { .. } => ApiError::run_not_found(),
+            FilesError::NoSandbox { .. } => {
+                ApiError::new(ErrorCode::NotFound, "the run has no files")
+            }
+            FilesError::Store(e) => e.into(),
+            FilesError::Sandbox(e) => e.into(),
+            e => {
+                tracing::error!(error = %e, "files failed");
+                ApiError::new(ErrorCode::Internal, "internal files error")
             }
         }
     }

@@ -1,27 +1,29 @@
 //! `GET /v1/runs/{id}/events`: SSE, or a long-poll with `Accept: application/json`.
 //!
 //! The run's `seq` is the one cursor: `id:` of every SSE event, the
-//! `Last-Event-ID` a client resumes from, `?after=N`. Events are replayed
-//! from the store and then followed live by the engine's tail (which
-//! re-reads the store after the last seq it gave), so a resumed stream has
-//! no gap and no duplicate. A client going away only drops its reader: the
-//! run is never cancelled by a disconnect.
+//! `Last-Event-ID` a client resumes from, `?after=N`. The backlog is
+//! replayed from the store, then the stream follows the run's shared hub
+//! (`hub.rs`: one engine tail per run, each frame encoded once), so a
+//! resumed stream has no gap and no duplicate. A client going away only
+//! drops its reader: the run is never cancelled by a disconnect.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::time::Duration;
 
 use axum::Json;
+use axum::body::Body;
 use axum::extract::{Extension, Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, header};
-use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use edward_core::{RunEvent, RunId, StoreError};
+use bytes::Bytes;
+use edward_core::{Run, RunId, StoreError};
 use futures::StreamExt;
 
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorBody};
 use crate::extract;
+use crate::hub;
 use crate::metrics::SubscriberGuard;
 use crate::model::EventView;
 use crate::state::AppState;
@@ -67,7 +69,7 @@ pub(crate) async fn events(
         let wait = wait.unwrap_or(LONG_POLL_WAIT).min(state.config.max_wait);
         return long_poll(&state, run.id, after, wait).await;
     }
-    Ok(sse(state, run.id, after))
+    Ok(sse(state, &run, after))
 }
 
 /// `Accept: application/json` without `text/event-stream`.
@@ -81,38 +83,67 @@ fn wants_json(headers: &HeaderMap) -> bool {
     accept.contains("application/json") && !accept.contains("text/event-stream")
 }
 
-fn sse(state: AppState, run_id: RunId, after: u64) -> Response {
+fn sse(state: AppState, run: &Run, after: u64) -> Response {
     let guard = SubscriberGuard::new(&state.metrics.sse_subscribers);
-    let retry = state.config.retry_hint;
+    let retry = Bytes::from(format!(
+        "retry: {}\n\n",
+        state.config.retry_hint.as_millis()
+    ));
     let max_age = state.config.max_stream_age;
     let heartbeat = state.config.heartbeat;
     let shutdown = state.shutdown.clone();
-    let events = state.engine.raw_events(run_id, after);
+    // Boxed: the generator below then holds a pointer, not a second copy.
+    let mut frames = Box::pin(hub::subscribe(
+        state.hubs.clone(),
+        state.engine.clone(),
+        run.id,
+        after,
+        run.last_seq,
+        !run.status.is_terminal(),
+    ));
     let stream = async_stream::stream! {
         let _guard = guard;
-        yield Ok::<Event, Infallible>(Event::default().retry(retry));
-        let mut events = Box::pin(events);
-        let age = tokio::time::sleep(max_age);
-        tokio::pin!(age);
+        yield Ok::<Bytes, Infallible>(retry);
+        // Created once: 1,000 subscribers re-registering on the shared
+        // token (or re-arming a timer) per event would contend on its lock.
+        let stop = shutdown.cancelled();
+        tokio::pin!(stop);
+        // One timer for both the heartbeat and the maximum age.
+        let born = tokio::time::Instant::now();
+        let old_at = born + max_age;
+        let timer = tokio::time::sleep_until((born + heartbeat).min(old_at));
+        tokio::pin!(timer);
+        let mut last_write = born;
         let mut last = after;
         loop {
             tokio::select! {
                 biased;
-                _ = shutdown.cancelled() => {
+                _ = &mut stop => {
                     yield Ok(reconnect(last, "shutdown"));
                     break;
                 }
-                _ = &mut age => {
-                    yield Ok(reconnect(last, "max_stream_age"));
-                    break;
+                _ = &mut timer => {
+                    let now = tokio::time::Instant::now();
+                    if now >= old_at {
+                        yield Ok(reconnect(last, "max_stream_age"));
+                        break;
+                    }
+                    // Quiet for a whole interval: a comment, so proxies with
+                    // idle timeouts keep the connection. Otherwise wait out
+                    // the interval from the last write.
+                    if now.duration_since(last_write) >= heartbeat {
+                        last_write = now;
+                        yield Ok(Bytes::from_static(b":\n\n"));
+                    }
+                    timer.as_mut().reset((last_write + heartbeat).min(old_at));
                 }
-                item = events.next() => match item {
-                    Some(Ok(e)) => {
-                        last = e.seq;
-                        let terminal = e.is_terminal();
+                item = frames.next() => match item {
+                    Some(Ok(f)) => {
+                        last = f.seq;
+                        last_write = tokio::time::Instant::now();
                         state.metrics.events_streamed.inc();
-                        yield Ok(sse_event(&e));
-                        if terminal {
+                        yield Ok(f.bytes.clone());
+                        if f.terminal {
                             break;
                         }
                     }
@@ -125,46 +156,39 @@ fn sse(state: AppState, run_id: RunId, after: u64) -> Response {
             }
         }
     };
-    let mut res = Sse::new(stream)
-        .keep_alive(KeepAlive::new().interval(heartbeat))
-        .into_response();
+    let mut res = Body::from_stream(stream).into_response();
     let h = res.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     // nginx: do not buffer the stream.
     h.insert("x-accel-buffering", HeaderValue::from_static("no"));
     res
 }
 
-/// `id: seq`, `event: type`, `data: {run_id, seq, type, at, payload}`.
-pub(crate) fn sse_event(e: &RunEvent) -> Event {
-    let data = serde_json::to_string(e).unwrap_or_else(|_| "{}".to_string());
-    // Event types come from the engine; never let one break the framing.
-    let kind: String = e
-        .kind
-        .chars()
-        .filter(|c| !matches!(c, '\n' | '\r'))
-        .collect();
-    Event::default()
-        .id(e.seq.to_string())
-        .event(kind)
-        .data(data)
-}
-
 /// Tells the client to reconnect with `Last-Event-ID`/`after` = `after`.
 /// It has no `id:`, so a browser's last event id stays the last real seq.
-fn reconnect(after: u64, reason: &str) -> Event {
-    Event::default()
-        .event("reconnect")
-        .data(serde_json::json!({ "after": after, "reason": reason }).to_string())
+fn reconnect(after: u64, reason: &str) -> Bytes {
+    sse_block(
+        "reconnect",
+        &serde_json::json!({ "after": after, "reason": reason }),
+    )
 }
 
-fn error_event(err: StoreError, after: u64) -> Event {
+fn error_event(err: StoreError, after: u64) -> Bytes {
     let retryable = err.is_retryable();
     let body = ApiError::from(err).body();
-    Event::default().event("error").data(
-        serde_json::json!({ "error": body.error, "after": after, "retryable": retryable })
-            .to_string(),
+    sse_block(
+        "error",
+        &serde_json::json!({ "error": body.error, "after": after, "retryable": retryable }),
     )
+}
+
+/// `event: kind`, `data: json` (no `id:`).
+fn sse_block(kind: &str, data: &serde_json::Value) -> Bytes {
+    Bytes::from(format!("event: {kind}\ndata: {data}\n\n"))
 }
 
 async fn long_poll(

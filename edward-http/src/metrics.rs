@@ -1,5 +1,6 @@
-//! `GET /metrics`: Prometheus text (runs by status, active runs, SSE
-//! subscribers, events streamed, submits, request latency histogram).
+//! `GET /metrics`: Prometheus text (runs by status, active runs, events
+//! appended, SSE subscribers and hubs, events streamed, submits, request
+//! latency histogram).
 
 use std::sync::atomic::AtomicU64;
 use std::time::Instant;
@@ -46,6 +47,7 @@ pub(crate) struct Metrics {
     active_runs: Gauge,
     pub(crate) sse_subscribers: Gauge,
     pub(crate) events_streamed: Counter<u64, AtomicU64>,
+    events_appended: Counter<u64, AtomicU64>,
     pub(crate) runs_submitted: Counter<u64, AtomicU64>,
     pub(crate) admissions_rejected: Family<LimitLabels, Counter>,
 }
@@ -55,7 +57,7 @@ fn latency_histogram() -> Histogram {
 }
 
 impl Metrics {
-    pub(crate) fn new() -> Self {
+    pub(crate) fn new(hubs: &crate::hub::HubMetrics) -> Self {
         let mut registry = Registry::with_prefix("edward");
         let requests: LatencyFamily = Family::new_with_constructor(latency_histogram);
         registry.register(
@@ -87,6 +89,22 @@ impl Metrics {
             "Run events sent to clients (SSE and long-poll)",
             events_streamed.clone(),
         );
+        registry.register(
+            "sse_hubs",
+            "Runs with a shared SSE tail in this process (one store reader each)",
+            hubs.hubs.clone(),
+        );
+        registry.register(
+            "sse_lag_recoveries",
+            "Times an SSE subscriber fell behind its run's shared tail and replayed the gap from the store",
+            hubs.lag_recoveries.clone(),
+        );
+        let events_appended = Counter::default();
+        registry.register(
+            "events_appended",
+            "Run events this process's engine appended to the store (all runs, watched or not)",
+            events_appended.clone(),
+        );
         let runs_submitted = Counter::default();
         registry.register(
             "runs_submitted",
@@ -106,6 +124,7 @@ impl Metrics {
             active_runs,
             sse_subscribers,
             events_streamed,
+            events_appended,
             runs_submitted,
             admissions_rejected,
         }
@@ -127,6 +146,14 @@ impl Metrics {
                 status: status.as_str().to_string(),
             })
             .set(i64::try_from(count).unwrap_or(i64::MAX));
+    }
+
+    /// Bring the counter up to the engine's total (read at scrape).
+    pub(crate) fn set_events_appended(&self, total: u64) {
+        let seen = self.events_appended.get();
+        if total > seen {
+            self.events_appended.inc_by(total - seen);
+        }
     }
 
     pub(crate) fn set_active(&self, count: usize) {

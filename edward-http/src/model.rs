@@ -24,6 +24,11 @@ pub struct SubmitRun {
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
     pub budgets: Option<Budgets>,
+    /// The name of one of the caller's credentials (`/v1/credentials`) to
+    /// run with; omitted = the caller's default for the model's provider,
+    /// or the operator's key where the server allows it.
+    #[serde(default)]
+    pub credential: Option<String>,
 }
 
 /// `201` answer of `POST /v1/runs`.

@@ -51,7 +51,28 @@ impl Modify for BearerAuth {
     }
 }
 
+#[cfg(feature = "registry")]
+#[derive(OpenApi)]
+#[openapi(
+    paths(
+        crate::credentials::list,
+        crate::credentials::put,
+        crate::credentials::delete,
+    ),
+    components(schemas(
+        crate::credentials::PutCredential,
+        crate::credentials::CredentialView,
+        crate::credentials::CredentialList,
+    )),
+    tags((name = "credentials", description = "Users' own provider keys (stored encrypted, listed masked)"))
+)]
+struct CredentialsDoc;
+
 /// The OpenAPI document of this API.
 pub fn openapi() -> utoipa::openapi::OpenApi {
-    ApiDoc::openapi()
+    #[allow(unused_mut)]
+    let mut doc = ApiDoc::openapi();
+    #[cfg(feature = "registry")]
+    doc.merge(CredentialsDoc::openapi());
+    doc
 }

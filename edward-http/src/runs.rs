@@ -51,6 +51,7 @@ pub(crate) async fn submit(
     let mut run_request = RunRequest::new(caller.user_id.to_string(), req.chat_id, req.prompt);
     run_request.model = req.model;
     run_request.budgets = req.budgets;
+    run_request.credential = req.credential;
     let (run_id, replayed) = match headers.get(IDEMPOTENCY_KEY) {
         Some(key) => {
             let key = key
@@ -296,7 +297,7 @@ pub(crate) async fn list_files(
     Path(id): Path<String>,
 ) -> Result<Json<FileList>, ApiError> {
     let run = extract::owned_run(&state, &caller, &id).await?;
-    let files = state.files.list(&**state.engine.store(), &run).await?;
+    let files = crate::files::list(&state.engine, run.id).await?;
     Ok(Json(FileList {
         run_id: run.id.0,
         files: files
@@ -331,11 +332,7 @@ pub(crate) async fn read_file(
 ) -> Result<Response, ApiError> {
     let run = extract::owned_run(&state, &caller, &id).await?;
     let path = SandboxPath::new(&path)?;
-    let bytes = state
-        .files
-        .read(&**state.engine.store(), &run, &path)
-        .await?
-        .ok_or_else(|| ApiError::new(ErrorCode::NotFound, format!("no such file: {path}")))?;
+    let bytes = crate::files::read(&state.engine, run.id, &path).await?;
     if bytes.len() as u64 > state.config.max_file_bytes {
         return Err(ApiError::new(
             ErrorCode::PayloadTooLarge,

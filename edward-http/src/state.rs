@@ -8,7 +8,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::auth::ApiKeys;
 use crate::config::HttpConfig;
-use crate::files::RunFiles;
+use crate::hub::Hubs;
 use crate::idempotency::Idempotency;
 use crate::limit::Limiter;
 use crate::metrics::Metrics;
@@ -17,13 +17,17 @@ pub(crate) struct Inner {
     pub(crate) engine: Engine,
     pub(crate) keys: ApiKeys,
     pub(crate) config: HttpConfig,
-    pub(crate) files: RunFiles,
     pub(crate) idempotency: Idempotency,
     pub(crate) metrics: Metrics,
+    /// Shared per-run tails of SSE streams.
+    pub(crate) hubs: Arc<Hubs>,
     pub(crate) limiter: Limiter,
     /// Fired on shutdown: open streams end with a `reconnect` event.
     pub(crate) shutdown: CancellationToken,
     pub(crate) webhooks: Option<Arc<crate::webhooks::Webhooks>>,
+    /// The provider registry whose vault the credential routes use.
+    #[cfg(feature = "registry")]
+    pub(crate) registry: std::sync::OnceLock<Arc<edward_core::registry::ProviderRegistry>>,
 }
 
 #[derive(Clone)]

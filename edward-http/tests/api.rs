@@ -877,6 +877,30 @@ async fn health_metrics_openapi_and_page() {
     assert!(text.contains("edward_sse_subscribers 1"), "{text}");
     assert!(text.contains("edward_active_runs 1"));
     assert!(text.contains("edward_runs_submitted_total 1"));
+    assert!(
+        text.contains("edward_events_appended_total 1\n"),
+        "run_queued: {text}"
+    );
+    // Counted by the engine, watched or not: an unwatched run cancelled
+    // while queued appends run_queued, cancel_requested and run_finished.
+    let other = s.submit(BOB, "unwatched").await;
+    let res = s
+        .post(&format!("/v1/runs/{other}/cancel"), BOB)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 202);
+    let text = s
+        .client
+        .get(s.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(text.contains("edward_events_appended_total 4\n"), "{text}");
+    assert!(text.contains("edward_sse_hubs 1\n"), "{text}");
 
     let doc: Value = s
         .client
@@ -977,4 +1001,54 @@ async fn cors_is_off_by_default_and_configurable() {
         res.headers()["access-control-allow-origin"],
         "https://app.example"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_body_is_408_after_the_request_timeout() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let timeout = Duration::from_millis(300);
+    let s = TestServer::start(Opts {
+        worker: false,
+        http: HttpConfig::default()
+            .rate_limit(None)
+            .request_timeout(timeout),
+        ..Opts::default()
+    })
+    .await;
+    let addr = s.base.trim_start_matches("http://").to_string();
+    let mut tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    // Headers promise 100 bytes; only a few arrive, then the client stalls.
+    let head = format!(
+        "POST /v1/runs HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {ALICE}\r\n\
+         Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{{\"chat_id\""
+    );
+    tcp.write_all(head.as_bytes()).await.unwrap();
+    let start = Instant::now();
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    let read = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let n = tcp.read(&mut buf).await.unwrap();
+            answer.extend_from_slice(&buf[..n]);
+            if n == 0 || String::from_utf8_lossy(&answer).contains("request_timeout") {
+                break;
+            }
+        }
+    })
+    .await;
+    assert!(read.is_ok(), "the server answers a stalled body");
+    let text = String::from_utf8_lossy(&answer);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(text.contains("\"code\":\"request_timeout\""), "{text}");
+    assert!(start.elapsed() >= timeout, "not before the timeout");
+    // Nothing was admitted.
+    let list: Value = s
+        .get("/v1/runs", ALICE)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(list["runs"].as_array().unwrap().is_empty());
 }

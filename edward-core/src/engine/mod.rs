@@ -41,6 +41,7 @@ mod budget;
 mod chat_run;
 mod config;
 pub mod context;
+mod counting;
 mod effects;
 mod events;
 pub mod framework;
@@ -232,6 +233,8 @@ pub(crate) struct Inner {
     pub(crate) wake: tokio::sync::Notify,
     /// Per-run model routing (issue 17); `None` = always `model`.
     pub(crate) resolver: Option<Arc<dyn ModelResolver>>,
+    /// Events appended through `store` (see [`Engine::events_appended`]).
+    pub(crate) events_appended: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// The run engine: one handle to submit, watch, cancel and inspect runs and
@@ -369,9 +372,14 @@ impl EngineBuilder {
         for (name, price) in self.resolver.iter().flat_map(|r| r.prices()) {
             prices.set(&name, price);
         }
+        let events_appended = Arc::new(std::sync::atomic::AtomicU64::new(0));
         Ok(Engine {
             inner: Arc::new(Inner {
-                store: backend.store().clone(),
+                store: Arc::new(counting::CountingStore::new(
+                    backend.store().clone(),
+                    events_appended.clone(),
+                )),
+                events_appended,
                 queue: backend.queue().clone(),
                 notifier: backend.notifier().clone(),
                 sandboxes,
@@ -456,6 +464,16 @@ impl Engine {
     /// The store this engine writes to.
     pub fn store(&self) -> &Arc<dyn RunStore> {
         &self.inner.store
+    }
+
+    /// Events this engine (any clone of it) has appended to its store since
+    /// it was built: admissions, run events, attempt records, cancel requests
+    /// and terminal events. A process-local counter for metrics (e.g. the
+    /// HTTP server's `edward_events_appended_total`).
+    pub fn events_appended(&self) -> u64 {
+        self.inner
+            .events_appended
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The default model name.

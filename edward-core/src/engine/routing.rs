@@ -210,6 +210,36 @@ pub trait ModelResolver: Send + Sync + 'static {
     fn prices(&self) -> Vec<(String, ModelPrice)>;
 }
 
+/// A shared resolver (the same registry handed to the engine and to, say,
+/// the HTTP API's credential routes).
+#[async_trait]
+impl<R: ModelResolver + ?Sized> ModelResolver for Arc<R> {
+    fn check_model(&self, model: Option<&str>) -> Result<(String, String), RouteError> {
+        (**self).check_model(model)
+    }
+
+    async fn route(
+        &self,
+        user_id: &str,
+        model: Option<&str>,
+        credential: Option<&str>,
+    ) -> Result<ModelRoute, RouteError> {
+        (**self).route(user_id, model, credential).await
+    }
+
+    async fn client(
+        &self,
+        user_id: &str,
+        route: &ModelRoute,
+    ) -> Result<Arc<dyn ModelClient>, RouteError> {
+        (**self).client(user_id, route).await
+    }
+
+    fn prices(&self) -> Vec<(String, ModelPrice)> {
+        (**self).prices()
+    }
+}
+
 impl Engine {
     /// With a resolver: route `req` (filling in the canonical
     /// `provider:model`) and return the route to record.

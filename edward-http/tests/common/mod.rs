@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use edward_core::AdmissionLimits;
-use edward_core::engine::{Engine, EngineConfig, WorkerConfig};
+use edward_core::engine::{Backend, Engine, EngineConfig, WorkerConfig};
+use edward_core::memory::MemoryBackends;
 use edward_core::scripted::ScriptedModel;
 use edward_core::{RunId, SandboxProvider};
 use edward_http::{Api, ApiKeys, HttpConfig};
@@ -26,6 +27,9 @@ pub struct Opts {
     pub http: HttpConfig,
     pub limits: AdmissionLimits,
     pub worker: bool,
+    /// Route runs through this registry and serve its credential routes.
+    #[cfg(feature = "registry")]
+    pub registry: Option<Arc<edward_core::registry::ProviderRegistry>>,
 }
 
 impl Default for Opts {
@@ -39,6 +43,8 @@ impl Default for Opts {
                 per_chat: 1,
             },
             worker: true,
+            #[cfg(feature = "registry")]
+            registry: None,
         }
     }
 }
@@ -47,6 +53,8 @@ pub struct TestServer {
     pub base: String,
     pub api: Api,
     pub engine: Engine,
+    /// The engine's in-memory store, queue and notifier.
+    pub mem: MemoryBackends,
     pub provider: Arc<LocalSandboxProvider>,
     pub dir: tempfile::TempDir,
     pub client: reqwest::Client,
@@ -59,22 +67,32 @@ impl TestServer {
     pub async fn start(opts: Opts) -> TestServer {
         let dir = tempfile::tempdir().expect("tempdir");
         let provider = Arc::new(LocalSandboxProvider::new(dir.path().join("sandboxes")));
-        let engine = Engine::builder()
+        let mem = MemoryBackends::new();
+        #[allow(unused_mut)]
+        let mut builder = Engine::builder()
+            .backend(Backend::new(
+                mem.store.clone(),
+                mem.queue.clone(),
+                mem.notifier.clone(),
+            ))
             .sandbox_provider(provider.clone() as Arc<dyn SandboxProvider>)
             .model_client(Arc::new(opts.model))
             .admission_limits(opts.limits)
-            .config(EngineConfig::default())
-            .build()
-            .expect("engine builds");
+            .config(EngineConfig::default());
+        #[cfg(feature = "registry")]
+        if let Some(r) = &opts.registry {
+            builder = builder.registry(r.clone());
+        }
+        let engine = builder.build().expect("engine builds");
         let mut keys = ApiKeys::new();
         keys.insert("alice", ALICE);
         keys.insert("bob", BOB);
-        let api = Api::new(
-            engine.clone(),
-            provider.clone() as Arc<dyn SandboxProvider>,
-            keys,
-            opts.http,
-        );
+        #[allow(unused_mut)]
+        let mut api = Api::new(engine.clone(), keys, opts.http);
+        #[cfg(feature = "registry")]
+        if let Some(r) = opts.registry {
+            api = api.with_registry(r);
+        }
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
@@ -101,6 +119,7 @@ impl TestServer {
             base,
             api,
             engine,
+            mem,
             provider,
             dir,
             client: reqwest::Client::new(),
