@@ -179,7 +179,9 @@ impl RunStore for CountingStore {
         number: u32,
         command: Vec<String>,
     ) -> Result<crate::BuildJob, StoreError> {
-        self.inner.create_build(run_id, fence, number, command).await
+        self.inner
+            .create_build(run_id, fence, number, command)
+            .await
     }
 
     async fn claim_build(
