@@ -108,7 +108,7 @@ enum Mode {
 
 impl Mode {
     /// The tag names that mean something here (everything else is content).
-    fn tags(self) -> u16 {
+    const fn tags(self) -> u16 {
         match self {
             Mode::Text => O_THINKING | O_FILE | O_INSTALL | ACTIONS | C_DROPPED,
             Mode::Thinking => C_THINKING | O_FILE | O_INSTALL | ACTIONS | C_DROPPED,
@@ -313,8 +313,10 @@ const FAST_CHUNK: usize = 128;
 enum Fast {
     /// No fast path (a candidate is pending, or the state needs the general path).
     General,
-    /// `text` (outside scopes, or in a sandbox between files).
+    /// `text` outside any scope.
     Text,
+    /// `text` in a sandbox, between files.
+    SandboxText,
     /// `thinking_content`.
     Thinking,
     /// `file_content`, passed straight through.
@@ -437,6 +439,35 @@ fn floor_char_boundary(s: &str, at: usize) -> usize {
     i
 }
 
+/// Whether a `<` of `bytes` may start one of the tags of `mask`.
+#[inline(always)]
+fn may_hold_tag(mask: u16, bytes: &[u8]) -> bool {
+    let mut pos = 0;
+    while let Some(off) = find_lt(bytes.get(pos..).unwrap_or(&[])) {
+        let lt = pos + off;
+        if could_start(mask, bytes.get(lt + 1..).unwrap_or(&[])) {
+            return true;
+        }
+        pos = lt + 1;
+    }
+    false
+}
+
+/// [`may_hold_tag`] in a file, where only closers mean something: only a
+/// `</` or a final `<` needs a look.
+#[inline(always)]
+fn may_close(bytes: &[u8]) -> bool {
+    let mut pos = 0;
+    while let Some(off) = find_closer_lt(bytes.get(pos..).unwrap_or(&[])) {
+        let lt = pos + off;
+        if could_start(Mode::File.tags(), bytes.get(lt + 1..).unwrap_or(&[])) {
+            return true;
+        }
+        pos = lt + 1;
+    }
+    false
+}
+
 /// Emit a recoverable error without skipped bytes.
 fn error(out: &mut impl FnMut(EventRef<'_>), code: ErrorCode, message: &str) {
     out(EventRef::Error {
@@ -494,11 +525,10 @@ fn error(out: &mut impl FnMut(EventRef<'_>), code: ErrorCode, message: &str) {
 #[derive(Debug, Clone)]
 pub struct Parser {
     mode: Mode,
-    /// What a short chunk with no possible tag becomes now, and the tags
-    /// that mean something now: both follow from the state, which only the
-    /// general path changes, so it refreshes them ([`Parser::refresh_fast`]).
+    /// What a short chunk with no possible tag becomes now: it follows from
+    /// the state, which only the general path changes, so it refreshes it
+    /// ([`Parser::refresh_fast`]).
     fast: Fast,
-    fast_tags: u16,
     /// The tag candidate whose bytes are in `hold`.
     cand: Option<Cand>,
     hold: String,
@@ -523,7 +553,6 @@ impl Parser {
         Parser {
             mode: Mode::Text,
             fast: Fast::Text,
-            fast_tags: Mode::Text.tags(),
             cand: None,
             hold: String::new(),
             file: FileFilter::default(),
@@ -577,22 +606,27 @@ impl Parser {
             match self.fast {
                 Fast::General => {}
                 Fast::File => {
-                    if !self.may_close(bytes) {
+                    if !may_close(bytes) {
                         return out(EventRef::FileContent { content: chunk });
                     }
                 }
                 Fast::FileHold => {
-                    if self.file.can_hold(bytes.len()) && !self.may_close(bytes) {
+                    if self.file.can_hold(bytes.len()) && !may_close(bytes) {
                         return self.file.hold(chunk);
                     }
                 }
                 Fast::Text => {
-                    if !self.may_hold_tag(bytes) {
+                    if !may_hold_tag(Mode::Text.tags(), bytes) {
+                        return out(EventRef::Text { content: chunk });
+                    }
+                }
+                Fast::SandboxText => {
+                    if !may_hold_tag(Mode::Sandbox.tags(), bytes) {
                         return out(EventRef::Text { content: chunk });
                     }
                 }
                 Fast::Thinking => {
-                    if !self.may_hold_tag(bytes) {
+                    if !may_hold_tag(Mode::Thinking.tags(), bytes) {
                         return out(EventRef::ThinkingContent { content: chunk });
                     }
                 }
@@ -601,44 +635,15 @@ impl Parser {
         self.feed_general(chunk, out);
     }
 
-    /// Whether a `<` of `bytes` may start a tag in the current mode.
-    #[inline(always)]
-    fn may_hold_tag(&self, bytes: &[u8]) -> bool {
-        let mut pos = 0;
-        while let Some(off) = find_lt(bytes.get(pos..).unwrap_or(&[])) {
-            let lt = pos + off;
-            if could_start(self.fast_tags, bytes.get(lt + 1..).unwrap_or(&[])) {
-                return true;
-            }
-            pos = lt + 1;
-        }
-        false
-    }
-
-    /// [`Parser::may_hold_tag`] in a file, where only closers mean something:
-    /// only a `</` or a final `<` needs a look.
-    #[inline(always)]
-    fn may_close(&self, bytes: &[u8]) -> bool {
-        let mut pos = 0;
-        while let Some(off) = find_closer_lt(bytes.get(pos..).unwrap_or(&[])) {
-            let lt = pos + off;
-            if could_start(self.fast_tags, bytes.get(lt + 1..).unwrap_or(&[])) {
-                return true;
-            }
-            pos = lt + 1;
-        }
-        false
-    }
-
     /// Set what the fast path of [`Parser::feed_into`] may do in the state
     /// the parser is now in.
     fn refresh_fast(&mut self) {
-        self.fast_tags = self.mode.tags();
         self.fast = if self.cand.is_some() {
             Fast::General
         } else {
             match self.mode {
-                Mode::Text | Mode::Sandbox => Fast::Text,
+                Mode::Text => Fast::Text,
+                Mode::Sandbox => Fast::SandboxText,
                 Mode::Thinking => Fast::Thinking,
                 Mode::File if self.file.is_plain() => Fast::File,
                 Mode::File if self.file.is_holding() => Fast::FileHold,
