@@ -1286,6 +1286,18 @@ mod tests {
         }
     }
 
+    /// `len` bytes drawn from `alphabet` (xorshift64 on `rng`).
+    fn random_bytes(rng: &mut u64, len: usize, alphabet: &[u8]) -> Vec<u8> {
+        (0..len)
+            .map(|_| {
+                *rng ^= *rng << 13;
+                *rng ^= *rng >> 7;
+                *rng ^= *rng << 17;
+                alphabet[(*rng % alphabet.len() as u64) as usize]
+            })
+            .collect()
+    }
+
     #[test]
     fn find_closer_lt_stops_at_every_possible_closer() {
         // the first `</`, or a final `<`
@@ -1297,14 +1309,7 @@ mod tests {
             0, 1, 2, 8, 9, 10, 16, 17, 31, 63, 64, 65, 100, 127, 128, 129, 1000,
         ] {
             for _ in 0..200 {
-                let hay: Vec<u8> = (0..len)
-                    .map(|_| {
-                        rng ^= rng << 13;
-                        rng ^= rng >> 7;
-                        rng ^= rng << 17;
-                        [b'<', b'/', b'a', b'>'][(rng % 4) as usize]
-                    })
-                    .collect();
+                let hay = random_bytes(&mut rng, len, b"</a>");
                 assert_eq!(
                     find_closer_lt(&hay),
                     reference(&hay),
@@ -1331,14 +1336,7 @@ mod tests {
         let mut rng = 0x9e37_79b9_7f4a_7c15u64;
         for len in 0usize..40 {
             for _ in 0..300 {
-                let hay: Vec<u8> = (0..len)
-                    .map(|_| {
-                        rng ^= rng << 13;
-                        rng ^= rng >> 7;
-                        rng ^= rng << 17;
-                        alphabet[(rng % alphabet.len() as u64) as usize]
-                    })
-                    .collect();
+                let hay = random_bytes(&mut rng, len, &alphabet);
                 assert_eq!(find_lt_slash(&hay), reference(&hay), "{hay:?}");
             }
             // a single pair at every position
