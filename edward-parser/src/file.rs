@@ -133,6 +133,12 @@ impl FileFilter {
         self.stage == Stage::Plain
     }
 
+    /// Whether content after an opening fence is being held (in the window).
+    #[inline]
+    pub(crate) fn is_holding(&self) -> bool {
+        self.stage == Stage::Fenced
+    }
+
     /// Whether [`FileFilter::hold`] can take `len` more bytes: content after an
     /// opening fence, inside the window.
     #[inline]

@@ -108,7 +108,7 @@ enum Mode {
 
 impl Mode {
     /// The tag names that mean something here (everything else is content).
-    fn tags(self) -> u16 {
+    const fn tags(self) -> u16 {
         match self {
             Mode::Text => O_THINKING | O_FILE | O_INSTALL | ACTIONS | C_DROPPED,
             Mode::Thinking => C_THINKING | O_FILE | O_INSTALL | ACTIONS | C_DROPPED,
@@ -305,6 +305,26 @@ impl Cand {
     }
 }
 
+/// Chunks shorter than this may take the fast path of [`Parser::feed_with`].
+const FAST_CHUNK: usize = 128;
+
+/// What the fast path does with a short chunk that holds no possible tag.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fast {
+    /// No fast path (a candidate is pending, or the state needs the general path).
+    General,
+    /// `text` outside any scope.
+    Text,
+    /// `text` in a sandbox, between files.
+    SandboxText,
+    /// `thinking_content`.
+    Thinking,
+    /// `file_content`, passed straight through.
+    File,
+    /// File content held in the fence window.
+    FileHold,
+}
+
 /// The first `<` in `hay`. Small chunks (a token or two, as models stream)
 /// are scanned directly: cheaper than memchr's setup.
 #[inline]
@@ -339,19 +359,68 @@ fn find_lt(hay: &[u8]) -> Option<usize> {
 
 /// Where a `<` that can start a closer may be in `hay`: the first `</`, or a
 /// `<` that is the last byte (its `/` may come in the next chunk). Content
-/// of files is mostly code, full of `<` but with few `</`: one `memmem` pass
-/// stops far less often than a scan for every `<`.
-#[inline]
+/// of files is mostly code, full of `<` but with few `</`: looking for the
+/// pair stops far less often than a scan for every `<`.
+#[inline(always)]
 fn find_closer_lt(hay: &[u8]) -> Option<usize> {
     static CLOSER: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
         std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"</"));
-    if hay.len() < 64 {
-        // short chunks (streamed tokens): memmem's setup costs more than a look at each `<`
-        return find_lt(hay);
+    let pair = if hay.len() < SHORT_CLOSER_SCAN {
+        // short chunks (streamed tokens): memmem's setup costs more than the scan
+        find_lt_slash(hay)
+    } else {
+        CLOSER.find(hay)
+    };
+    pair.or_else(|| (hay.last() == Some(&b'<')).then(|| hay.len() - 1))
+}
+
+/// Below this many bytes [`find_closer_lt`] scans with [`find_lt_slash`]
+/// rather than `memmem` (whose per-call setup dominates on short input).
+const SHORT_CLOSER_SCAN: usize = 128;
+
+/// `w` (eight bytes) as a little-endian word.
+#[inline(always)]
+fn word(w: &[u8]) -> u64 {
+    <[u8; 8]>::try_from(w).map_or(0, u64::from_le_bytes)
+}
+
+/// The first `</` in `hay`, eight positions at a time (SWAR): byte `i` of
+/// `(w ^ LT) | (w' ^ SLASH)`, with `w'` the word one byte further on, is zero
+/// exactly where `<` is followed by `/`. The positions the whole words leave
+/// are covered by one more window flush with the end of `hay` (re-reading a
+/// few bytes already known to hold no pair).
+#[inline(always)]
+fn find_lt_slash(hay: &[u8]) -> Option<usize> {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGHS: u64 = 0x8080_8080_8080_8080;
+    const LT: u64 = 0x3c * ONES;
+    const SLASH: u64 = 0x2f * ONES;
+    // the lowest flagged byte is a real zero (borrows only run upwards)
+    let first = |a: &[u8], b: &[u8]| {
+        let x = (word(a) ^ LT) | (word(b) ^ SLASH);
+        let found = x.wrapping_sub(ONES) & !x & HIGHS;
+        (found != 0).then(|| (found.trailing_zeros() / 8) as usize)
+    };
+    let n = hay.len();
+    if n < 9 {
+        return hay.windows(2).position(|w| w == b"</");
     }
-    CLOSER
-        .find(hay)
-        .or_else(|| (hay.last() == Some(&b'<')).then(|| hay.len() - 1))
+    let lead = hay.get(..n - 1).unwrap_or(&[]);
+    let next = hay.get(1..).unwrap_or(&[]);
+    let mut at = 0;
+    for (a, b) in lead.chunks_exact(8).zip(next.chunks_exact(8)) {
+        if let Some(i) = first(a, b) {
+            return Some(at + i);
+        }
+        at += 8;
+    }
+    // pairs starting at `at..n - 1` are left: one window flush with the end
+    if at + 1 >= n {
+        return None;
+    }
+    let a = hay.get(n - 9..n - 1).unwrap_or(&[]);
+    let b = hay.get(n - 8..).unwrap_or(&[]);
+    first(a, b).map(|i| n - 9 + i)
 }
 
 /// `s[a..b]`, or `""` if that is not a valid slice (never happens for the
@@ -368,6 +437,35 @@ fn floor_char_boundary(s: &str, at: usize) -> usize {
         i -= 1;
     }
     i
+}
+
+/// Whether a `<` of `bytes` may start one of the tags of `mask`.
+#[inline(always)]
+fn may_hold_tag(mask: u16, bytes: &[u8]) -> bool {
+    let mut pos = 0;
+    while let Some(off) = find_lt(bytes.get(pos..).unwrap_or(&[])) {
+        let lt = pos + off;
+        if could_start(mask, bytes.get(lt + 1..).unwrap_or(&[])) {
+            return true;
+        }
+        pos = lt + 1;
+    }
+    false
+}
+
+/// [`may_hold_tag`] in a file, where only closers mean something: only a
+/// `</` or a final `<` needs a look.
+#[inline(always)]
+fn may_close(bytes: &[u8]) -> bool {
+    let mut pos = 0;
+    while let Some(off) = find_closer_lt(bytes.get(pos..).unwrap_or(&[])) {
+        let lt = pos + off;
+        if could_start(Mode::File.tags(), bytes.get(lt + 1..).unwrap_or(&[])) {
+            return true;
+        }
+        pos = lt + 1;
+    }
+    false
 }
 
 /// Emit a recoverable error without skipped bytes.
@@ -427,6 +525,10 @@ fn error(out: &mut impl FnMut(EventRef<'_>), code: ErrorCode, message: &str) {
 #[derive(Debug, Clone)]
 pub struct Parser {
     mode: Mode,
+    /// What a short chunk with no possible tag becomes now: it follows from
+    /// the state, which only the general path changes, so it refreshes it
+    /// ([`Parser::refresh_fast`]).
+    fast: Fast,
     /// The tag candidate whose bytes are in `hold`.
     cand: Option<Cand>,
     hold: String,
@@ -450,6 +552,7 @@ impl Parser {
     pub fn new() -> Self {
         Parser {
             mode: Mode::Text,
+            fast: Fast::Text,
             cand: None,
             hold: String::new(),
             file: FileFilter::default(),
@@ -469,6 +572,7 @@ impl Parser {
     /// Feed the next chunk of the stream; each event is passed to `on_event`,
     /// borrowed (from `chunk` where its bytes are contiguous there, otherwise
     /// from the parser's own hold-back buffer), in stream order.
+    #[inline(always)]
     pub fn feed_with<F: FnMut(EventRef<'_>)>(&mut self, chunk: &str, mut on_event: F) {
         self.feed_into(chunk, &mut on_event);
     }
@@ -497,40 +601,55 @@ impl Parser {
         // Fast path for short chunks (a streamed token or two) that are plain
         // content as a whole: no `<` in them can start a tag here. Kept small
         // and inline; everything else takes the general path.
-        if chunk.len() < 64 && self.cand.is_none() && !chunk.is_empty() {
-            let bytes = chunk.as_bytes();
-            let fast = match self.mode {
-                Mode::Text | Mode::Sandbox | Mode::Thinking => true,
-                Mode::File => self.file.is_plain() || self.file.can_hold(chunk.len()),
-                _ => false,
-            };
-            if fast && !self.may_hold_tag(bytes) {
-                match self.mode {
-                    Mode::Thinking => out(EventRef::ThinkingContent { content: chunk }),
-                    Mode::File if self.file.is_plain() => {
-                        out(EventRef::FileContent { content: chunk });
+        let bytes = chunk.as_bytes();
+        if bytes.len() < FAST_CHUNK && !bytes.is_empty() {
+            match self.fast {
+                Fast::General => {}
+                Fast::File => {
+                    if !may_close(bytes) {
+                        return out(EventRef::FileContent { content: chunk });
                     }
-                    Mode::File => self.file.hold(chunk),
-                    _ => out(EventRef::Text { content: chunk }),
                 }
-                return;
+                Fast::FileHold => {
+                    if self.file.can_hold(bytes.len()) && !may_close(bytes) {
+                        return self.file.hold(chunk);
+                    }
+                }
+                Fast::Text => {
+                    if !may_hold_tag(Mode::Text.tags(), bytes) {
+                        return out(EventRef::Text { content: chunk });
+                    }
+                }
+                Fast::SandboxText => {
+                    if !may_hold_tag(Mode::Sandbox.tags(), bytes) {
+                        return out(EventRef::Text { content: chunk });
+                    }
+                }
+                Fast::Thinking => {
+                    if !may_hold_tag(Mode::Thinking.tags(), bytes) {
+                        return out(EventRef::ThinkingContent { content: chunk });
+                    }
+                }
             }
         }
         self.feed_general(chunk, out);
     }
 
-    /// Whether a `<` of `bytes` may start a tag in the current mode.
-    #[inline(always)]
-    fn may_hold_tag(&self, bytes: &[u8]) -> bool {
-        let mut pos = 0;
-        while let Some(off) = find_lt(bytes.get(pos..).unwrap_or(&[])) {
-            let lt = pos + off;
-            if could_start(self.mode.tags(), bytes.get(lt + 1..).unwrap_or(&[])) {
-                return true;
+    /// Set what the fast path of [`Parser::feed_into`] may do in the state
+    /// the parser is now in.
+    fn refresh_fast(&mut self) {
+        self.fast = if self.cand.is_some() {
+            Fast::General
+        } else {
+            match self.mode {
+                Mode::Text => Fast::Text,
+                Mode::Sandbox => Fast::SandboxText,
+                Mode::Thinking => Fast::Thinking,
+                Mode::File if self.file.is_plain() => Fast::File,
+                Mode::File if self.file.is_holding() => Fast::FileHold,
+                Mode::File | Mode::SkipFile | Mode::Install { .. } => Fast::General,
             }
-            pos = lt + 1;
-        }
-        false
+        };
     }
 
     #[inline(never)]
@@ -543,6 +662,7 @@ impl Parser {
                 self.scan(rest, out)
             };
         }
+        self.refresh_fast();
     }
 
     fn finish_into(&mut self, out: &mut impl FnMut(EventRef<'_>)) {
@@ -575,6 +695,7 @@ impl Parser {
             }
         }
         *self = Parser::new();
+        self.refresh_fast();
     }
 
     /// The sandbox part of [`Parser::finish`] (the mode is reset by the caller).
@@ -680,7 +801,7 @@ impl Parser {
                 held.push_str(sub(s, 0, n));
                 let consumed = self.content(&held, out);
                 if consumed < held.len() {
-                    self.feed_into(sub(&held, consumed, held.len()), out);
+                    self.feed_general(sub(&held, consumed, held.len()), out);
                 }
                 self.recycle(held);
             }
@@ -1165,31 +1286,33 @@ mod tests {
         }
     }
 
+    /// `len` bytes drawn from `alphabet` (xorshift64 on `rng`).
+    fn random_bytes(rng: &mut u64, len: usize, alphabet: &[u8]) -> Vec<u8> {
+        (0..len)
+            .map(|_| {
+                *rng ^= *rng << 13;
+                *rng ^= *rng >> 7;
+                *rng ^= *rng << 17;
+                alphabet[(*rng % alphabet.len() as u64) as usize]
+            })
+            .collect()
+    }
+
     #[test]
     fn find_closer_lt_stops_at_every_possible_closer() {
-        // the first `</`, or a final `<`; short haystacks fall back to every `<`
+        // the first `</`, or a final `<`
         let reference = |hay: &[u8]| {
             (0..hay.len()).find(|&i| hay[i] == b'<' && hay.get(i + 1).is_none_or(|&b| b == b'/'))
         };
         let mut rng = 0x2545_f491_4f6c_dd1du64;
-        for len in [0, 1, 2, 31, 63, 64, 65, 100, 1000] {
+        for len in [
+            0, 1, 2, 8, 9, 10, 16, 17, 31, 63, 64, 65, 100, 127, 128, 129, 1000,
+        ] {
             for _ in 0..200 {
-                let hay: Vec<u8> = (0..len)
-                    .map(|_| {
-                        rng ^= rng << 13;
-                        rng ^= rng >> 7;
-                        rng ^= rng << 17;
-                        [b'<', b'/', b'a', b'>'][(rng % 4) as usize]
-                    })
-                    .collect();
-                let expected = if len < 64 {
-                    find_lt(&hay)
-                } else {
-                    reference(&hay)
-                };
+                let hay = random_bytes(&mut rng, len, b"</a>");
                 assert_eq!(
                     find_closer_lt(&hay),
-                    expected,
+                    reference(&hay),
                     "{:?}",
                     String::from_utf8_lossy(&hay)
                 );
@@ -1203,6 +1326,29 @@ mod tests {
         long[120] = b'/';
         long[119] = b'<';
         assert_eq!(find_closer_lt(&long), Some(119));
+    }
+
+    #[test]
+    fn find_lt_slash_matches_a_plain_search() {
+        let reference = |hay: &[u8]| hay.windows(2).position(|w| w == b"</");
+        // bytes next to `<` and `/` in value, which a careless SWAR test confuses
+        let alphabet = [b'<', b'/', 0x3d, 0x3b, 0x2e, 0x30, 0x00, 0xbc, 0xaf, b'a'];
+        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+        for len in 0usize..40 {
+            for _ in 0..300 {
+                let hay = random_bytes(&mut rng, len, &alphabet);
+                assert_eq!(find_lt_slash(&hay), reference(&hay), "{hay:?}");
+            }
+            // a single pair at every position
+            for k in 0..len.saturating_sub(1) {
+                let mut v = vec![b'a'; len];
+                v[k] = b'<';
+                v[k + 1] = b'/';
+                assert_eq!(find_lt_slash(&v), Some(k), "len {len} at {k}");
+                v[k + 1] = 0x2e;
+                assert_eq!(find_lt_slash(&v), None, "len {len} at {k}");
+            }
+        }
     }
 
     #[test]

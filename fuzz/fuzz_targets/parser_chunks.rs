@@ -32,7 +32,14 @@ fuzz_target!(|data: &[u8]| {
     let mut rest: &str = &input;
     let mut i = 0usize;
     while !rest.is_empty() {
-        let len = usize::from(control.get(i % control.len().max(1)).copied().unwrap_or(7) % 17) + 1;
+        // 1..=17 chars, or (control byte ≥ 0xf0) 17..=152: past the borrowing
+        // API's short-chunk fast path and its eight-byte scan windows
+        let c = control.get(i % control.len().max(1)).copied().unwrap_or(7);
+        let len = if c >= 0xf0 {
+            usize::from(c & 0x0f) * 9 + 17
+        } else {
+            usize::from(c % 17) + 1
+        };
         i += 1;
         let end = rest.char_indices().nth(len).map_or(rest.len(), |(j, _)| j);
         let (chunk, tail) = rest.split_at(end);

@@ -26,7 +26,7 @@ use super::events::EngineEvent;
 use super::outcome::{TurnFacts, TurnOutcome, decide_turn_outcome};
 use super::prompt::{BoundedText, NUDGE_MESSAGE, SYSTEM_PROMPT, continuation_message};
 use super::sink::{LogError, LogTuning, RunLog};
-use crate::parser::{Event, Parser};
+use crate::parser::{EventRef, Parser};
 use crate::{
     AttemptFailure, Checkpoint, Fence, Lease, Message, ModelCall, ModelChunk, ModelError,
     ModelObserver, ModelRequest, NewEvent, Notifier, Role, RunId, RunStatus, RunStore, StoreError,
@@ -1203,6 +1203,7 @@ impl RunCtx {
         let max_bytes = self.inner.config.max_turn_output_bytes;
         let mut usage = None;
         let mut file = OpenFile::default();
+        let max_file_bytes = self.inner.config.max_file_bytes;
         let mut done = false;
         let mut budget_hit = false;
         let mut finish: Option<crate::FinishReason> = None;
@@ -1229,9 +1230,10 @@ impl RunCtx {
                     }
                     Some(Ok(ModelChunk::Text(t))) => {
                         output.push_str(&t);
-                        parser.feed(&t, &mut parsed);
-                        self.dispatch(&mut parsed, &mut file, &mut done, &tx, None)
-                            .await?;
+                        parser.feed_with(&t, |e| {
+                            file.step(e, max_file_bytes, None, &mut done, &mut parsed)
+                        });
+                        self.dispatch(&mut parsed, &tx).await?;
                     }
                     Some(Ok(ModelChunk::Thinking(t))) => {
                         // Provider reasoning is output too: it counts against
@@ -1273,7 +1275,6 @@ impl RunCtx {
                 })
                 .await;
         }
-        parser.finish(&mut parsed);
         // Why the stream ended, for a file it cut off.
         let end = if budget_hit {
             "output_budget".to_string()
@@ -1284,8 +1285,8 @@ impl RunCtx {
                 .as_ref()
                 .map_or_else(|| "stream_ended".to_string(), finish_reason_name)
         };
-        self.dispatch(&mut parsed, &mut file, &mut done, &tx, Some(&end))
-            .await?;
+        parser.finish_with(|e| file.step(e, max_file_bytes, Some(&end), &mut done, &mut parsed));
+        self.dispatch(&mut parsed, &tx).await?;
         Ok(Streamed {
             output,
             thinking_bytes,
@@ -1323,141 +1324,30 @@ impl RunCtx {
         }
     }
 
-    /// Turn parser events into run events and side-effect work.
+    /// Log the run events and hand over the side-effect work that
+    /// [`OpenFile::step`] made of the parser's events, in stream order.
     async fn dispatch(
         &self,
-        parsed: &mut Vec<Event>,
-        open: &mut OpenFile,
-        done: &mut bool,
+        parsed: &mut Vec<Parsed>,
         tx: &mpsc::Sender<EffectItem>,
-        // Why the stream ended, when this is its end: a file the end closes
-        // is truncated. Mid-stream (`</edward_sandbox>` before `</file>`)
-        // the model closed it itself, and it is written.
-        unclosed_reason: Option<&str>,
     ) -> Result<(), TurnError> {
-        for ev in parsed.drain(..) {
-            let item = match ev {
-                Event::Text { content } => {
-                    self.log.emit(EngineEvent::TextDelta { content }).await;
-                    None
+        for step in parsed.drain(..) {
+            let item = match step {
+                Parsed::Log(event) => {
+                    self.log.emit(event).await;
+                    continue;
                 }
-                Event::ThinkingContent { content } => {
-                    self.log.emit(EngineEvent::ThinkingDelta { content }).await;
-                    None
-                }
-                Event::ThinkingStart | Event::ThinkingEnd => None,
-                Event::SandboxStart { project, base } => {
-                    Some(EffectItem::Sandbox(crate::SandboxSpec { project, base }))
-                }
-                Event::SandboxEnd | Event::InstallStart | Event::InstallEnd => None,
-                Event::FileStart { path } => {
-                    *open.file_mut() = Some((path, String::new()));
-                    open.unclosed = false;
-                    open.bytes = 0;
-                    open.too_big = false;
-                    None
-                }
-                Event::FileContent { content }
-                    if open.file.is_some() && {
-                        open.bytes += content.len();
-                        open.too_big || open.bytes > self.inner.config.max_file_bytes
-                    } =>
-                {
-                    // Too large: drop what was gathered, keep nothing more.
-                    if !open.too_big {
-                        open.too_big = true;
-                        if let Some((_, buf)) = open.file_mut().as_mut() {
-                            *buf = String::new();
-                        }
-                    }
-                    None
-                }
-                Event::FileContent { content } => {
-                    if let Some((path, buf)) = open.file_mut().as_mut() {
-                        buf.push_str(&content);
-                        self.log
-                            .emit(EngineEvent::FileDelta {
-                                path: path.clone(),
-                                content,
-                            })
-                            .await;
-                    } else {
-                        self.log.emit(EngineEvent::TextDelta { content }).await;
-                    }
-                    None
-                }
-                Event::FileEnd => {
-                    let unclosed = std::mem::take(&mut open.unclosed);
-                    let too_big = std::mem::take(&mut open.too_big);
-                    let bytes = std::mem::take(&mut open.bytes) as u64;
-                    open.file.take().map(|(path, content)| {
-                        if too_big {
-                            EffectItem::TruncatedFile {
-                                path,
-                                bytes,
-                                reason: "file_too_large".into(),
-                            }
-                        } else if let (true, Some(reason)) = (unclosed, unclosed_reason) {
-                            // Cut off: never replaces a complete file.
-                            EffectItem::TruncatedFile {
-                                path,
-                                bytes: content.len() as u64,
-                                reason: reason.to_string(),
-                            }
-                        } else {
-                            EffectItem::File { path, content }
-                        }
-                    })
-                }
-                Event::InstallContent {
-                    dependencies,
-                    framework,
-                } => Some(EffectItem::Install {
-                    dependencies,
-                    framework,
-                }),
-                Event::Command { command, args } => Some(EffectItem::Command { command, args }),
-                Event::WebSearch { query, max_results } => {
-                    Some(EffectItem::WebSearch { query, max_results })
-                }
-                Event::Done => {
-                    *done = true;
-                    None
-                }
-                Event::Error {
-                    code,
-                    message,
-                    severity,
-                    skipped_bytes,
-                } => {
-                    if code == crate::parser::ErrorCode::UnclosedFile {
-                        open.unclosed = true;
-                    }
-                    self.log
-                        .emit(EngineEvent::ParseError {
-                            code: code.as_str().into(),
-                            message,
-                            severity: match severity {
-                                crate::parser::Severity::Recoverable => "recoverable".into(),
-                                crate::parser::Severity::Fatal => "fatal".into(),
-                            },
-                            skipped_bytes,
-                        })
-                        .await;
-                    None
-                }
+                Parsed::Effect(item) => item,
             };
-            if let Some(item) = item {
-                // Bounded: parsing only waits when the handler is far behind.
-                tokio::select! {
-                    r = tx.send(item) => {
-                        if r.is_err() {
-                            // The handler stopped (error or cancel); its result says why.
-                            return Err(TurnError::Stopped);
-                        }
+            // Bounded: parsing only waits when the handler is far behind.
+            tokio::select! {
+                r = tx.send(item) => {
+                    if r.is_err() {
+                        // The handler stopped (error or cancel); its result says why.
+                        return Err(TurnError::Stopped);
                     }
-                    _ = self.control.token.cancelled() => return Err(TurnError::Stopped),
                 }
+                _ = self.control.token.cancelled() => return Err(TurnError::Stopped),
             }
         }
         Ok(())
@@ -1502,9 +1392,140 @@ struct OpenFile {
     too_big: bool,
 }
 
+/// What one parser event asks of the turn, in stream order.
+enum Parsed {
+    /// A run event to log.
+    Log(EngineEvent),
+    /// Side-effect work for the handler.
+    Effect(EffectItem),
+}
+
 impl OpenFile {
-    fn file_mut(&mut self) -> &mut Option<(String, String)> {
-        &mut self.file
+    /// Turn one parser event into run events and side-effect work while the
+    /// parser lends it (`Parser::feed_with`): file bytes go from the model's
+    /// chunk straight into the open file's buffer, with no owned parser
+    /// event in between. `unclosed_reason` is why the stream ended, when
+    /// this is its end: a file the end closes is truncated. Mid-stream
+    /// (`</edward_sandbox>` before `</file>`) the model closed it itself, and
+    /// it is written.
+    fn step(
+        &mut self,
+        ev: EventRef<'_>,
+        max_file_bytes: usize,
+        unclosed_reason: Option<&str>,
+        done: &mut bool,
+        out: &mut Vec<Parsed>,
+    ) {
+        let step = match ev {
+            EventRef::Text { content } => Parsed::Log(EngineEvent::TextDelta {
+                content: content.to_owned(),
+            }),
+            EventRef::ThinkingContent { content } => Parsed::Log(EngineEvent::ThinkingDelta {
+                content: content.to_owned(),
+            }),
+            EventRef::ThinkingStart | EventRef::ThinkingEnd => return,
+            EventRef::SandboxStart { project, base } => {
+                Parsed::Effect(EffectItem::Sandbox(crate::SandboxSpec {
+                    project: project.map(str::to_owned),
+                    base: base.map(str::to_owned),
+                }))
+            }
+            EventRef::SandboxEnd | EventRef::InstallStart | EventRef::InstallEnd => return,
+            EventRef::FileStart { path } => {
+                self.file = Some((path.to_owned(), String::new()));
+                self.unclosed = false;
+                self.bytes = 0;
+                self.too_big = false;
+                return;
+            }
+            EventRef::FileContent { content }
+                if self.file.is_some() && {
+                    self.bytes += content.len();
+                    self.too_big || self.bytes > max_file_bytes
+                } =>
+            {
+                // Too large: drop what was gathered, keep nothing more.
+                if !self.too_big {
+                    self.too_big = true;
+                    if let Some((_, buf)) = self.file.as_mut() {
+                        *buf = String::new();
+                    }
+                }
+                return;
+            }
+            EventRef::FileContent { content } => match self.file.as_mut() {
+                Some((path, buf)) => {
+                    buf.push_str(content);
+                    Parsed::Log(EngineEvent::FileDelta {
+                        path: path.clone(),
+                        content: content.to_owned(),
+                    })
+                }
+                None => Parsed::Log(EngineEvent::TextDelta {
+                    content: content.to_owned(),
+                }),
+            },
+            EventRef::FileEnd => {
+                let unclosed = std::mem::take(&mut self.unclosed);
+                let too_big = std::mem::take(&mut self.too_big);
+                let bytes = std::mem::take(&mut self.bytes) as u64;
+                let Some((path, content)) = self.file.take() else {
+                    return;
+                };
+                Parsed::Effect(if too_big {
+                    EffectItem::TruncatedFile {
+                        path,
+                        bytes,
+                        reason: "file_too_large".into(),
+                    }
+                } else if let (true, Some(reason)) = (unclosed, unclosed_reason) {
+                    // Cut off: never replaces a complete file.
+                    EffectItem::TruncatedFile {
+                        path,
+                        bytes: content.len() as u64,
+                        reason: reason.to_string(),
+                    }
+                } else {
+                    EffectItem::File { path, content }
+                })
+            }
+            EventRef::InstallContent {
+                dependencies,
+                framework,
+            } => Parsed::Effect(EffectItem::Install {
+                dependencies: dependencies.to_vec(),
+                framework: framework.map(str::to_owned),
+            }),
+            EventRef::Command { command, args } => Parsed::Effect(EffectItem::Command {
+                command: command.to_owned(),
+                args: args.to_vec(),
+            }),
+            EventRef::WebSearch { query, max_results } => Parsed::Effect(EffectItem::WebSearch {
+                query: query.to_owned(),
+                max_results,
+            }),
+            EventRef::Done => {
+                *done = true;
+                return;
+            }
+            EventRef::Error {
+                code,
+                message,
+                severity,
+                skipped_bytes,
+            } => {
+                if code == crate::parser::ErrorCode::UnclosedFile {
+                    self.unclosed = true;
+                }
+                Parsed::Log(EngineEvent::ParseError {
+                    code: code.as_str().into(),
+                    message: message.to_owned(),
+                    severity: severity.as_str().into(),
+                    skipped_bytes,
+                })
+            }
+        };
+        out.push(step);
     }
 }
 
@@ -1540,4 +1561,58 @@ fn finish_reason_name(f: &crate::FinishReason) -> String {
 
 fn elapsed_ms(since: DateTime<Utc>) -> u64 {
     (Utc::now() - since).num_milliseconds().max(0) as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The effect items [`OpenFile::step`] makes of `input` fed in `n`-char
+    /// chunks, the stream ending for `reason`.
+    fn items(input: &str, n: usize, max_file_bytes: usize, reason: &str) -> Vec<String> {
+        let (mut parser, mut open, mut done, mut out) =
+            (Parser::new(), OpenFile::default(), false, Vec::new());
+        let chars: Vec<char> = input.chars().collect();
+        for piece in chars.chunks(n) {
+            let piece: String = piece.iter().collect();
+            parser.feed_with(&piece, |e| {
+                open.step(e, max_file_bytes, None, &mut done, &mut out)
+            });
+        }
+        parser.finish_with(|e| open.step(e, max_file_bytes, Some(reason), &mut done, &mut out));
+        out.iter()
+            .filter_map(|p| match p {
+                Parsed::Effect(item) => Some(format!("{item:?}")),
+                Parsed::Log(_) => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn file_bytes_reach_the_effect_whole_at_every_chunking() {
+        let input = "<edward_sandbox><file path=\"a.ts\">\nlet x = 1 < 2;\n</file>\
+                     <file path=\"big.ts\">0123456789abcdef</file>\
+                     <file path=\"b.ts\">kept</edward_sandbox>\
+                     <edward_sandbox><file path=\"c.ts\">cut off";
+        let expected = items(input, usize::MAX, 15, "stream_ended");
+        assert_eq!(
+            expected,
+            [
+                r#"Sandbox(SandboxSpec { project: None, base: None })"#,
+                r#"File { path: "a.ts", content: "let x = 1 < 2;\n" }"#,
+                r#"TruncatedFile { path: "big.ts", bytes: 16, reason: "file_too_large" }"#,
+                // closed by the model's own `</edward_sandbox>`: written
+                r#"File { path: "b.ts", content: "kept" }"#,
+                r#"Sandbox(SandboxSpec { project: None, base: None })"#,
+                r#"TruncatedFile { path: "c.ts", bytes: 7, reason: "stream_ended" }"#,
+            ]
+        );
+        for n in [1, 2, 3, 7, 16] {
+            assert_eq!(
+                items(input, n, 15, "stream_ended"),
+                expected,
+                "chunks of {n}"
+            );
+        }
+    }
 }
