@@ -6,7 +6,7 @@ use axum::Json;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use edward_core::engine::{FilesError, SubmitError};
-use edward_core::{AdmissionError, SandboxError, StoreError};
+use edward_core::{AdmissionError, RunId, SandboxError, StoreError};
 use serde::Serialize;
 use utoipa::ToSchema;
 
@@ -96,6 +96,9 @@ pub struct ApiError {
     pub limit: Option<&'static str>,
     /// When to retry (`Retry-After`), for 429 and 503.
     pub retry_after: Option<Duration>,
+    /// The chat's active run, when a submit was refused because the chat
+    /// is busy (`limit_exceeded` with limit `chat`).
+    pub active_run: Option<RunId>,
 }
 
 impl ApiError {
@@ -107,6 +110,7 @@ impl ApiError {
             field: None,
             limit: None,
             retry_after: None,
+            active_run: None,
         }
     }
 
@@ -145,6 +149,7 @@ impl ApiError {
                 message: self.message.clone(),
                 field: self.field.clone(),
                 limit: self.limit.map(str::to_string),
+                active_run: self.active_run.map(|id| id.0),
             },
         }
     }
@@ -170,6 +175,11 @@ pub struct ErrorDetail {
     /// The limit hit (`global`, `user`, `chat`), for `limit_exceeded`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limit: Option<String>,
+    /// The chat's active run, for `limit_exceeded` with limit `chat` when
+    /// the chat already has a queued or running run (double-texting policy
+    /// `reject`): watch or cancel it, or submit with `enqueue`/`interrupt`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active_run: Option<uuid::Uuid>,
 }
 
 impl IntoResponse for ApiError {
@@ -255,8 +265,9 @@ impl From<SubmitError> for ApiError {
                 }
             }
             SubmitError::Store(e) => e.into(),
-            e @ SubmitError::ChatBusy { .. } => ApiError {
+            e @ SubmitError::ChatBusy { active_run, .. } => ApiError {
                 limit: Some("chat"),
+                active_run: Some(active_run),
                 retry_after: Some(Duration::from_secs(5)),
                 ..ApiError::new(ErrorCode::LimitExceeded, e.to_string())
             },

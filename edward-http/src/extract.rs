@@ -43,14 +43,14 @@ pub(crate) fn json<T: DeserializeOwned>(headers: &HeaderMap, bytes: &[u8]) -> Re
             "expected `Content-Type: application/json`",
         ));
     }
-    let de = &mut serde_json::Deserializer::from_slice(bytes);
-    serde_path_to_error::deserialize(de).map_err(|e| {
+    // Syntax first (400), then the shape (422 naming the field): a value of
+    // the wrong type (`"double_texting": 3`) is valid JSON, and serde_json
+    // would report some of those as syntax errors when deserializing in one pass.
+    let value: serde_json::Value = serde_json::from_slice(bytes)
+        .map_err(|e| ApiError::new(ErrorCode::InvalidJson, format!("invalid JSON: {e}")))?;
+    serde_path_to_error::deserialize(value).map_err(|e| {
         let path = e.path().to_string();
-        let inner = e.into_inner();
-        if inner.is_syntax() || inner.is_eof() {
-            return ApiError::new(ErrorCode::InvalidJson, format!("invalid JSON: {inner}"));
-        }
-        let msg = inner.to_string();
+        let msg = e.into_inner().to_string();
         let field = if path == "." || path.is_empty() {
             // `missing field `x``, `unknown field `x``: name it.
             msg.split('`').nth(1).unwrap_or("body").to_string()

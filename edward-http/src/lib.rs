@@ -4,7 +4,9 @@
 //! /v1/runs/{id}/events` streams a run's events (SSE, resumable by `seq`
 //! with `Last-Event-ID` or `?after=N`; a long-poll with `Accept:
 //! application/json`), `POST /v1/runs/{id}/cancel` cancels, `GET
-//! /v1/runs/{id}/files[/{path}]` reads the files; `GET /healthz`, `GET
+//! /v1/runs/{id}/files[/{path}]` reads the files, `GET /v1/runs/{id}/builds`
+//! its build jobs; `GET /v1/chats/{chat_id}/messages|runs|files[/{path}]`
+//! read a chat (its messages, runs and shared workspace); `GET /healthz`, `GET
 //! /metrics`, `GET /openapi.json` and a small web page at `GET /`.
 //! Bearer API keys ([`ApiKeys`], kept hashed) map to users; another
 //! user's run is a `404`. Errors are `{"error": {"code", "message"}}` with
@@ -45,6 +47,7 @@ use tokio_util::sync::CancellationToken;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 
 mod auth;
+mod chats;
 mod config;
 #[cfg(feature = "registry")]
 mod credentials;
@@ -70,7 +73,8 @@ pub use credentials::{CredentialList, CredentialView, PutCredential};
 pub use error::{ApiError, ErrorBody, ErrorCode, ErrorDetail};
 pub use idempotency::MAX_IDEMPOTENCY_KEY_BYTES;
 pub use model::{
-    EventView, FileList, FileView, Health, RunPage, RunView, SubmitRun, SubmittedRun, UsageView,
+    BuildList, BuildView, ChatFileList, ChatMessageView, DoubleTextingPolicy, EventView, FileList,
+    FileView, Health, MessageList, RunPage, RunView, SubmitRun, SubmittedRun, UsageView,
 };
 pub use openapi::openapi;
 pub use webhooks::{DeliveryRecord, WebhookConfig, WebhookError, sign as sign_webhook};
@@ -146,7 +150,12 @@ impl Api {
             .route("/v1/runs", post(runs::submit).get(runs::list_runs))
             .route("/v1/runs/{id}", get(runs::get_run))
             .route("/v1/runs/{id}/files", get(runs::list_files))
-            .route("/v1/runs/{id}/files/{*path}", get(runs::read_file));
+            .route("/v1/runs/{id}/files/{*path}", get(runs::read_file))
+            .route("/v1/runs/{id}/builds", get(runs::list_builds))
+            .route("/v1/chats/{chat_id}/messages", get(chats::messages))
+            .route("/v1/chats/{chat_id}/runs", get(chats::runs))
+            .route("/v1/chats/{chat_id}/files", get(chats::list_files))
+            .route("/v1/chats/{chat_id}/files/{*path}", get(chats::read_file));
         #[cfg(feature = "registry")]
         let timed = timed
             .route("/v1/credentials", get(credentials::list))

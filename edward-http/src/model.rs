@@ -1,8 +1,8 @@
 //! Request and response bodies (their schemas make up `/openapi.json`).
 
 use chrono::{DateTime, Utc};
-use edward_core::engine::Budgets;
-use edward_core::{Run, RunEvent, RunId};
+use edward_core::engine::{Budgets, DoubleTexting};
+use edward_core::{BuildJob, ChatMessage, Run, RunEvent, RunId};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use uuid::Uuid;
@@ -29,6 +29,35 @@ pub struct SubmitRun {
     /// or the operator's key where the server allows it.
     #[serde(default)]
     pub credential: Option<String>,
+    /// What to do when the chat already has a queued or running run:
+    /// `reject` (`429`, limit `chat`, naming `error.active_run`), `enqueue`
+    /// (admitted `queued`, starts after the chat's earlier runs) or
+    /// `interrupt` (cancel the chat's active runs, then start). Omitted =
+    /// the server's policy (`reject` by default).
+    #[serde(default)]
+    pub double_texting: Option<DoubleTextingPolicy>,
+}
+
+/// The double-texting policy of a submit (see docs/CHATS.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum DoubleTextingPolicy {
+    /// Refuse while the chat has an active run (`429`, limit `chat`).
+    Reject,
+    /// Queue behind the chat's active runs.
+    Enqueue,
+    /// Cancel the chat's active runs, then start.
+    Interrupt,
+}
+
+impl From<DoubleTextingPolicy> for DoubleTexting {
+    fn from(p: DoubleTextingPolicy) -> Self {
+        match p {
+            DoubleTextingPolicy::Reject => DoubleTexting::Reject,
+            DoubleTextingPolicy::Enqueue => DoubleTexting::Enqueue,
+            DoubleTextingPolicy::Interrupt => DoubleTexting::Interrupt,
+        }
+    }
 }
 
 /// `201` answer of `POST /v1/runs`.
@@ -172,6 +201,111 @@ impl From<RunEvent> for EventView {
             payload: e.payload,
         }
     }
+}
+
+/// A chat message: the user's prompt (turn 0 of its run) or one turn's
+/// visible reply with a compact record of that turn's side effects.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ChatMessageView {
+    /// The run that wrote it.
+    pub run_id: Uuid,
+    /// The turn (0 = the run's prompt).
+    pub turn: u32,
+    /// Order within the turn.
+    pub index: u32,
+    /// `user` or `assistant`.
+    pub role: String,
+    /// The prompt, or the turn's reply text (outside tags).
+    pub text: String,
+    /// The turn's side effects (assistant messages): `files` [{`path`,
+    /// `bytes`}], `installs` [{`packages`, `framework`?, `exit_code`}],
+    /// `commands` [{`command`, `exit_code`, `output`}].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub effects: Option<serde_json::Value>,
+    /// When it was stored.
+    pub at: DateTime<Utc>,
+}
+
+impl From<ChatMessage> for ChatMessageView {
+    fn from(m: ChatMessage) -> Self {
+        ChatMessageView {
+            run_id: m.run_id.0,
+            turn: m.turn,
+            index: m.index,
+            role: m.role.as_str().to_string(),
+            text: m.text,
+            effects: m.effects.and_then(|e| serde_json::to_value(e).ok()),
+            at: m.at,
+        }
+    }
+}
+
+/// `GET /v1/chats/{chat_id}/messages`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct MessageList {
+    /// The chat.
+    pub chat_id: String,
+    /// Its newest `limit` messages, oldest first.
+    pub messages: Vec<ChatMessageView>,
+}
+
+/// A build job of a run (`queued → building → succeeded | failed`).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct BuildView {
+    /// 1 for the run's first build, 2 for the build after an autofix turn.
+    pub number: u32,
+    /// `queued`, `building`, `succeeded` or `failed`.
+    pub status: String,
+    /// The program and its arguments.
+    pub command: Vec<String>,
+    /// The exit code, once finished (`null` if it could not run).
+    pub exit_code: Option<i32>,
+    /// Its output (capped), once finished.
+    pub output: Option<String>,
+    /// How long it took, once finished.
+    pub duration_ms: Option<u64>,
+    /// When it was created.
+    pub created_at: DateTime<Utc>,
+    /// When it last changed.
+    pub updated_at: DateTime<Utc>,
+}
+
+impl From<BuildJob> for BuildView {
+    fn from(b: BuildJob) -> Self {
+        BuildView {
+            number: b.number,
+            status: b.status.as_str().to_string(),
+            command: b.command,
+            exit_code: b.exit_code,
+            output: b.output,
+            duration_ms: b.duration_ms,
+            created_at: b.created_at,
+            updated_at: b.updated_at,
+        }
+    }
+}
+
+/// `GET /v1/runs/{id}/builds`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct BuildList {
+    /// The run.
+    pub run_id: Uuid,
+    /// Its build jobs by number (empty when it built nothing).
+    pub builds: Vec<BuildView>,
+}
+
+/// `GET /v1/chats/{chat_id}/files`: the chat's workspace, shared by all
+/// its runs.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ChatFileList {
+    /// The chat.
+    pub chat_id: String,
+    /// The chat's newest run (whose workspace this is: every run of a chat
+    /// shares one).
+    pub run_id: Uuid,
+    /// The files, sorted by path (empty until a run wrote one).
+    pub files: Vec<FileView>,
 }
 
 /// `GET /healthz`.

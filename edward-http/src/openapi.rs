@@ -5,7 +5,8 @@ use utoipa::{Modify, OpenApi};
 
 use crate::error::{ErrorBody, ErrorDetail};
 use crate::model::{
-    EventView, FileList, FileView, Health, RunPage, RunView, SubmitRun, SubmittedRun, UsageView,
+    BuildList, BuildView, ChatFileList, ChatMessageView, DoubleTextingPolicy, EventView, FileList,
+    FileView, Health, MessageList, RunPage, RunView, SubmitRun, SubmittedRun, UsageView,
 };
 
 #[derive(OpenApi)]
@@ -22,18 +23,25 @@ use crate::model::{
         crate::runs::cancel,
         crate::runs::list_files,
         crate::runs::read_file,
+        crate::runs::list_builds,
+        crate::chats::messages,
+        crate::chats::runs,
+        crate::chats::list_files,
+        crate::chats::read_file,
         crate::healthz,
         crate::metrics_text,
         crate::openapi_json,
     ),
     components(schemas(
         SubmitRun, SubmittedRun, RunView, UsageView, RunPage, FileList, FileView, EventView,
-        Health, ErrorBody, ErrorDetail
+        Health, ErrorBody, ErrorDetail, DoubleTextingPolicy, ChatMessageView, MessageList,
+        BuildView, BuildList, ChatFileList
     )),
     modifiers(&BearerAuth),
     tags(
         (name = "runs", description = "Runs and their events"),
         (name = "files", description = "A run's workspace files"),
+        (name = "chats", description = "A chat's messages, runs and shared workspace (a chat exists for a caller once they ran something in it)"),
         (name = "ops", description = "Health, metrics, this document"),
     )
 )]

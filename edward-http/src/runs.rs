@@ -16,7 +16,9 @@ use crate::auth::Caller;
 use crate::error::{ApiError, ErrorBody, ErrorCode};
 use crate::extract;
 use crate::metrics::LimitLabels;
-use crate::model::{FileList, FileView, RunPage, RunView, SubmitRun, SubmittedRun, events_url};
+use crate::model::{
+    BuildList, FileList, FileView, RunPage, RunView, SubmitRun, SubmittedRun, events_url,
+};
 use crate::state::AppState;
 
 /// The header naming an idempotency key.
@@ -52,6 +54,7 @@ pub(crate) async fn submit(
     run_request.model = req.model;
     run_request.budgets = req.budgets;
     run_request.credential = req.credential;
+    run_request.double_texting = req.double_texting.map(Into::into);
     let (run_id, replayed) = match headers.get(IDEMPOTENCY_KEY) {
         Some(key) => {
             let key = key
@@ -180,6 +183,21 @@ pub(crate) async fn list_runs(
     Extension(caller): Extension<Caller>,
     Query(q): Query<HashMap<String, String>>,
 ) -> Result<Json<RunPage>, ApiError> {
+    let chat = q
+        .get("chat_id")
+        .map(String::as_str)
+        .filter(|c| !c.is_empty());
+    Ok(Json(run_page(&state, &caller, chat, &q).await?))
+}
+
+/// One page of the caller's runs (of `chat`, when given) for the query
+/// `q` (`status`, `cursor`, `limit`).
+pub(crate) async fn run_page(
+    state: &AppState,
+    caller: &Caller,
+    chat: Option<&str>,
+    q: &HashMap<String, String>,
+) -> Result<RunPage, ApiError> {
     let get = |k: &str| q.get(k).map(String::as_str);
     let status: Option<RunStatus> = extract::query("status", get("status"))?;
     let cursor: Option<RunId> = extract::query("cursor", get("cursor"))?;
@@ -191,7 +209,7 @@ pub(crate) async fn list_runs(
         ));
     }
     let mut filter = RunFilter::new();
-    if let Some(chat) = get("chat_id").filter(|c| !c.is_empty()) {
+    if let Some(chat) = chat {
         filter = filter.chat(chat);
     }
     if let Some(status) = status {
@@ -208,13 +226,13 @@ pub(crate) async fn list_runs(
         .then(|| runs.last().map(|r| r.id.to_string()))
         .flatten();
     let default_model = state.engine.default_model();
-    Ok(Json(RunPage {
+    Ok(RunPage {
         runs: runs
             .iter()
             .map(|r| RunView::new(r, default_model, None))
             .collect(),
         next_cursor,
-    }))
+    })
 }
 
 /// Cancel a run (idempotent).
@@ -331,8 +349,17 @@ pub(crate) async fn read_file(
     Path((id, path)): Path<(String, String)>,
 ) -> Result<Response, ApiError> {
     let run = extract::owned_run(&state, &caller, &id).await?;
-    let path = SandboxPath::new(&path)?;
-    let bytes = crate::files::read(&state.engine, run.id, &path).await?;
+    file_response(&state, run.id, &path).await
+}
+
+/// The file at `path` of `run_id`'s workspace, served as untrusted bytes.
+pub(crate) async fn file_response(
+    state: &AppState,
+    run_id: RunId,
+    path: &str,
+) -> Result<Response, ApiError> {
+    let path = SandboxPath::new(path)?;
+    let bytes = crate::files::read(&state.engine, run_id, &path).await?;
     if bytes.len() as u64 > state.config.max_file_bytes {
         return Err(ApiError::new(
             ErrorCode::PayloadTooLarge,
@@ -368,4 +395,27 @@ pub(crate) async fn read_file(
     );
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     Ok(res)
+}
+
+/// The run's build jobs (`queued → building → succeeded | failed`).
+#[utoipa::path(
+    get, path = "/v1/runs/{id}/builds", tag = "runs",
+    params(("id" = String, Path, description = "Run id")),
+    responses(
+        (status = 200, body = BuildList),
+        (status = 404, description = "No such run, or not the caller's", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub(crate) async fn list_builds(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<Json<BuildList>, ApiError> {
+    let run = extract::owned_run(&state, &caller, &id).await?;
+    let builds = state.engine.builds(run.id).await?;
+    Ok(Json(BuildList {
+        run_id: run.id.0,
+        builds: builds.into_iter().map(Into::into).collect(),
+    }))
 }

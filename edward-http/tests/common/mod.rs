@@ -27,6 +27,8 @@ pub struct Opts {
     pub http: HttpConfig,
     pub limits: AdmissionLimits,
     pub worker: bool,
+    /// The engine's configuration (chats, builds, double-texting).
+    pub engine: EngineConfig,
     /// Route runs through this registry and serve its credential routes.
     #[cfg(feature = "registry")]
     pub registry: Option<Arc<edward_core::registry::ProviderRegistry>>,
@@ -43,6 +45,7 @@ impl Default for Opts {
                 per_chat: 1,
             },
             worker: true,
+            engine: EngineConfig::default(),
             #[cfg(feature = "registry")]
             registry: None,
         }
@@ -78,7 +81,7 @@ impl TestServer {
             .sandbox_provider(provider.clone() as Arc<dyn SandboxProvider>)
             .model_client(Arc::new(opts.model))
             .admission_limits(opts.limits)
-            .config(EngineConfig::default());
+            .config(opts.engine);
         #[cfg(feature = "registry")]
         if let Some(r) = &opts.registry {
             builder = builder.registry(r.clone());
