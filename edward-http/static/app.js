@@ -10,6 +10,7 @@
 
 const $ = (id) => document.getElementById(id);
 const KEY_NAME = "edward.apiKey";
+const CHAT_NAME = "edward.chat";
 
 const state = {
   key: sessionStorage.getItem(KEY_NAME) || localStorage.getItem(KEY_NAME) || "",
@@ -25,11 +26,21 @@ const state = {
   generation: 0,    // bumps when another run is opened
 };
 
-function showError(msg) {
-  const el = $("error");
-  el.textContent = msg || "";
-  el.hidden = !msg;
+// `activeRun`: the run that keeps the chat busy (a `429` naming
+// `error.active_run`), offered as a button.
+function showError(msg, activeRun) {
+  $("error-text").textContent = msg || "";
+  $("error").hidden = !msg;
+  const open = $("open-active");
+  open.hidden = !activeRun;
+  open.dataset.run = activeRun || "";
 }
+
+$("open-active").addEventListener("click", (e) => {
+  const runId = e.target.dataset.run;
+  showError("");
+  if (runId) openRun(runId);
+});
 
 function authHeaders(extra) {
   return Object.assign({ Authorization: "Bearer " + state.key }, extra || {});
@@ -39,12 +50,17 @@ async function api(path, opts) {
   const res = await fetch(path, Object.assign({}, opts, { headers: authHeaders(opts && opts.headers) }));
   if (!res.ok) {
     let msg = res.status + " " + res.statusText;
+    let activeRun = null;
     try {
       const body = await res.json();
-      if (body && body.error) msg = body.error.code + ": " + body.error.message;
+      if (body && body.error) {
+        msg = body.error.code + ": " + body.error.message;
+        activeRun = body.error.active_run || null;
+      }
     } catch (_) { /* not JSON */ }
     const err = new Error(msg);
     err.status = res.status;
+    err.activeRun = activeRun;
     throw err;
   }
   return res;
@@ -72,23 +88,49 @@ $("key-form").addEventListener("submit", (e) => {
 
 // ---------------------------------------------------------------- submit
 
+// The chat is sticky: follow-up messages continue it (same workspace, the
+// conversation so far) until "New chat" or another chat id.
+function setChat(chat) {
+  $("chat").value = chat || "";
+  if (chat) sessionStorage.setItem(CHAT_NAME, chat);
+  else sessionStorage.removeItem(CHAT_NAME);
+}
+
+$("chat").addEventListener("change", () => setChat($("chat").value.trim()));
+
+$("new-chat").addEventListener("click", () => {
+  setChat("");
+  if (state.abort) state.abort.abort();
+  state.generation += 1;
+  state.runId = null;
+  $("run").hidden = true;
+  $("run-id").textContent = "";
+  setStatus("—");
+  showError("");
+  $("prompt").focus();
+});
+
 $("run-form").addEventListener("submit", async (e) => {
   e.preventDefault();
   showError("");
   const prompt = $("prompt").value;
   const chat = $("chat").value.trim() || "web-" + Math.random().toString(36).slice(2, 10);
+  setChat(chat);
+  const body = { chat_id: chat, prompt };
+  const policy = $("double-texting").value;
+  if (policy) body.double_texting = policy;
   $("submit").disabled = true;
   try {
     const res = await api("/v1/runs", {
       method: "POST",
       headers: { "Content-Type": "application/json", "Idempotency-Key": crypto.randomUUID ? crypto.randomUUID() : String(Date.now()) },
-      body: JSON.stringify({ chat_id: chat, prompt }),
+      body: JSON.stringify(body),
     });
-    const body = await res.json();
-    openRun(body.run_id);
+    const run = await res.json();
+    openRun(run.run_id);
     loadRecent();
   } catch (err) {
-    showError(err.message);
+    showError(err.message, err.activeRun);
   } finally {
     $("submit").disabled = !state.key;
   }
@@ -104,14 +146,19 @@ async function loadRecent() {
     for (const r of page.runs) {
       const opt = document.createElement("option");
       opt.value = r.run_id;
-      opt.textContent = r.status + " · " + r.created_at.slice(0, 19).replace("T", " ") + " · " + r.run_id.slice(0, 8);
+      opt.dataset.chat = r.chat_id;
+      opt.textContent = r.status + " · " + r.created_at.slice(0, 19).replace("T", " ") + " · " + r.chat_id + " · " + r.run_id.slice(0, 8);
       sel.appendChild(opt);
     }
   } catch (_) { /* the list is a convenience */ }
 }
 
 $("recent").addEventListener("change", (e) => {
-  if (e.target.value) openRun(e.target.value);
+  const opt = e.target.selectedOptions[0];
+  if (!e.target.value) return;
+  // Continue the opened run's chat.
+  if (opt && opt.dataset.chat) setChat(opt.dataset.chat);
+  openRun(e.target.value);
 });
 
 // ---------------------------------------------------------------- run view
@@ -132,6 +179,23 @@ function openRun(runId) {
   setStatus("queued");
   $("cancel").disabled = false;
   stream(state.generation);
+  loadFiles(state.generation);
+}
+
+// The chat's workspace as it is now (earlier runs of the chat wrote files
+// too: every run of a chat shares one workspace). Files this run is writing
+// are left to its events.
+async function loadFiles(gen) {
+  const runId = state.runId;
+  try {
+    const res = await api("/v1/runs/" + runId + "/files");
+    const list = await res.json();
+    if (gen !== state.generation) return;
+    for (const f of list.files) {
+      const known = state.files.get(f.path);
+      if (!known || !known.writing) upsertFile(f.path, f.size, false);
+    }
+  } catch (_) { /* the events still show this run's files */ }
 }
 
 function setStatus(s) {
@@ -236,6 +300,13 @@ function apply(ev) {
     case "run_queued": setStatus("queued"); break;
     case "run_started": setStatus("running"); logLine("note", "started on " + p.worker + " with " + p.model); break;
     case "run_resumed": setStatus("running"); logLine("note", "resumed by " + p.worker + " after turn " + p.from_turn); break;
+    case "run_waiting": logLine("note", "waiting for run " + p.behind + " of this chat to end"); break;
+    case "framework_detected": logLine("context", "framework: " + p.framework + (p.evidence ? " (" + p.evidence + ")" : "")); break;
+    case "context_prepared":
+      logLine("context", "context: " + p.history_messages + " earlier messages (" + p.history_dropped + " dropped), " +
+        p.files_listed + " files listed, " + p.files_included + " included, ~" + p.estimated_tokens + " tokens");
+      break;
+    case "cancel_requested": logLine("warn", "cancel requested"); break;
     case "turn_started": logLine("note", "turn " + p.turn); break;
     case "turn_finished":
       state.usage.turns = Math.max(state.usage.turns, p.turn || 0);
@@ -285,8 +356,30 @@ function apply(ev) {
     case "budget_warning": logLine("warn", "budget " + p.budget + ": " + p.used + " of " + p.limit); break;
     case "parse_error": logLine("warn", "parse error " + p.code + ": " + p.message); break;
     case "model_retry": logLine("note", "model retry " + p.attempt + " in " + p.delay_ms + " ms"); break;
+    case "build_started": {
+      const cmd = Array.isArray(p.command) ? p.command.join(" ") : String(p.command || "");
+      const el = logLine("cmd build", "build " + p.number + ": " + cmd);
+      state.cmds.set("build-" + p.number, el);
+      break;
+    }
+    case "build_finished": {
+      const el = state.cmds.get("build-" + p.number) || logLine("cmd build", "build " + p.number);
+      const exit = document.createElement("span");
+      exit.className = "exit " + (p.status === "succeeded" ? "ok" : "bad");
+      exit.textContent = p.status + (p.exit_code == null ? "" : " · exit " + p.exit_code) + " · " + p.duration_ms + " ms";
+      el.prepend(exit);
+      const out = (p.output || "").trim();
+      if (out) {
+        const pre = document.createElement("pre");
+        pre.textContent = out;
+        el.appendChild(pre);
+      }
+      if (p.autofix) logLine("note", "the build failed: one autofix turn follows");
+      break;
+    }
     case "run_finished":
       state.finished = true;
+      loadFiles(state.generation);
       setStatus(p.status);
       if (p.turns != null) state.usage.turns = p.turns;
       if (p.usage) { state.usage.input = p.usage.input_tokens; state.usage.output = p.usage.output_tokens; }
@@ -397,5 +490,6 @@ $("cancel").addEventListener("click", async () => {
   }
 });
 
+setChat(sessionStorage.getItem(CHAT_NAME) || "");
 renderKeyState();
 loadRecent();

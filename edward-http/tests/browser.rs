@@ -221,7 +221,76 @@ async fn the_page_runs_a_prompt_shows_files_and_status_and_takes_a_screenshot() 
         let docs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/server-page.png");
         std::fs::write(docs, &png).expect("write docs/server-page.png");
     }
+
+    // A follow-up message continues the same chat: same workspace, the
+    // first run's files still listed, the conversation in its context.
+    let chat = c
+        .find(Locator::Id("chat"))
+        .await
+        .unwrap()
+        .prop("value")
+        .await
+        .unwrap()
+        .expect("the chat id is kept in the input");
+    assert_eq!(chat, run.chat_id, "the page shows the chat it continues");
+    submit(&c, "add a dark mode toggle").await;
+    wait_new_run(&c, &run_id).await;
+    wait_for(&c, "#status[data-status='completed']", 60).await;
+    let second: edward_core::RunId = text(&c, "#run-id").await.parse().unwrap();
+    let second = s.engine.get(second).await.unwrap().expect("the second run");
+    assert_eq!(second.chat_id, run.chat_id, "the same chat");
+    for name in ["index.html", "style.css", "app.js", "theme.js"] {
+        wait_for(&c, &format!("#files li[data-path='{name}']"), 10).await;
+    }
+    let log = text(&c, "#log").await;
+    assert!(
+        log.contains("context: 3 earlier messages"),
+        "the context line shows the first run's history: {log}"
+    );
+    assert!(log.contains("framework: static"), "{log}");
+    std::fs::write(
+        artifacts().join("server-page-follow-up.png"),
+        c.screenshot().await.unwrap(),
+    )
+    .unwrap();
+
+    // "New chat" starts a new chat: a new workspace without those files.
+    c.find(Locator::Id("new-chat"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    wait_for(&c, "#run[hidden]", 10).await;
+    submit(&c, "build a todo app").await;
+    wait_new_run(&c, &second.id.to_string()).await;
+    wait_for(&c, "#status[data-status='completed']", 60).await;
+    let third: edward_core::RunId = text(&c, "#run-id").await.parse().unwrap();
+    let third = s.engine.get(third).await.unwrap().expect("the third run");
+    assert_ne!(third.chat_id, run.chat_id, "a new chat");
+    wait_for(&c, "#files li[data-path='app.js']", 10).await;
+    assert!(
+        c.find(Locator::Css("#files li[data-path='theme.js']"))
+            .await
+            .is_err(),
+        "the new chat's workspace is its own"
+    );
     c.close().await.expect("close");
+}
+
+/// Wait until the page shows a run other than `previous`.
+async fn wait_new_run(c: &Client, previous: &str) {
+    tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            let shown = text(c, "#run-id").await;
+            if !shown.is_empty() && shown != previous {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("the page opens the new run");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -283,13 +352,7 @@ async fn the_page_reconnects_without_duplicates_and_cancels_a_run() {
     // Cancel a running run from the page.
     let first = text(&c, "#run-id").await;
     submit(&c, "stream and get cancelled").await;
-    tokio::time::timeout(Duration::from_secs(20), async {
-        while text(&c, "#run-id").await == first {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    })
-    .await
-    .expect("the page opens the new run");
+    wait_new_run(&c, &first).await;
     wait_for(&c, "#log .text", 30).await;
     c.find(Locator::Id("cancel"))
         .await
