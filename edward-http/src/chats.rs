@@ -16,7 +16,7 @@ use edward_core::Run;
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorBody, ErrorCode};
 use crate::extract;
-use crate::model::{ChatFileList, FileView, MessageList, RunPage};
+use crate::model::{ChatFileList, MessageList, RunPage};
 use crate::state::AppState;
 
 /// Default and largest number of messages of `GET /v1/chats/{id}/messages`.
@@ -147,13 +147,7 @@ pub(crate) async fn list_files(
     Ok(Json(ChatFileList {
         chat_id,
         run_id: run.id.0,
-        files: files
-            .into_iter()
-            .map(|f| FileView {
-                path: f.path,
-                size: f.size,
-            })
-            .collect(),
+        files,
     }))
 }
 

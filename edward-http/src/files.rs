@@ -7,11 +7,18 @@ use edward_core::engine::{Engine, FilesError};
 use edward_core::{FileEntry, RunId, SandboxPath};
 
 use crate::error::{ApiError, ErrorCode};
+use crate::model::FileView;
 
-/// The run's files (empty while it has no sandbox).
-pub(crate) async fn list(engine: &Engine, run_id: RunId) -> Result<Vec<FileEntry>, ApiError> {
+/// The run's files, as the API shows them (empty while it has no sandbox).
+pub(crate) async fn list(engine: &Engine, run_id: RunId) -> Result<Vec<FileView>, ApiError> {
     match engine.files(run_id).await {
-        Ok(files) => Ok(files),
+        Ok(files) => Ok(files
+            .into_iter()
+            .map(|f: FileEntry| FileView {
+                path: f.path,
+                size: f.size,
+            })
+            .collect()),
         Err(FilesError::NoSandbox { .. }) => Ok(Vec::new()),
         Err(e) => Err(e.into()),
     }

@@ -16,9 +16,7 @@ use crate::auth::Caller;
 use crate::error::{ApiError, ErrorBody, ErrorCode};
 use crate::extract;
 use crate::metrics::LimitLabels;
-use crate::model::{
-    BuildList, FileList, FileView, RunPage, RunView, SubmitRun, SubmittedRun, events_url,
-};
+use crate::model::{BuildList, FileList, RunPage, RunView, SubmitRun, SubmittedRun, events_url};
 use crate::state::AppState;
 
 /// The header naming an idempotency key.
@@ -318,13 +316,7 @@ pub(crate) async fn list_files(
     let files = crate::files::list(&state.engine, run.id).await?;
     Ok(Json(FileList {
         run_id: run.id.0,
-        files: files
-            .into_iter()
-            .map(|f| FileView {
-                path: f.path,
-                size: f.size,
-            })
-            .collect(),
+        files,
     }))
 }
 

@@ -18,22 +18,6 @@ fn slow_model() -> ScriptedModel {
         .with_delay(Duration::from_millis(10))
 }
 
-async fn submit_in(s: &TestServer, key: &str, chat: &str, prompt: &str) -> RunId {
-    let res = s
-        .post("/v1/runs", key)
-        .json(&json!({ "chat_id": chat, "prompt": prompt }))
-        .send()
-        .await
-        .expect("submit");
-    assert_eq!(res.status(), 201, "submit: {:?}", res.text().await);
-    let body: Value = res.json().await.expect("json");
-    body["run_id"]
-        .as_str()
-        .expect("run_id")
-        .parse()
-        .expect("uuid")
-}
-
 async fn get_json(s: &TestServer, path: &str, key: &str) -> Value {
     let res = s.get(path, key).send().await.expect("get");
     assert_eq!(res.status(), 200, "GET {path}: {:?}", res.text().await);
@@ -57,7 +41,7 @@ async fn a_busy_chat_names_its_active_run_and_the_policy_is_per_request() {
     })
     .await;
     let chat = unique("busy");
-    let first = submit_in(&s, ALICE, &chat, "one").await;
+    let first = s.submit_in(ALICE, &chat, "one").await;
 
     // Default policy (reject): 429, limit `chat`, Retry-After, the active run named.
     let res = s
@@ -119,7 +103,7 @@ async fn a_busy_chat_names_its_active_run_and_the_policy_is_per_request() {
     assert_eq!(s.wait_finished(third).await.status.as_str(), "completed");
 
     // Another user's chat of the same id is another chat: not busy.
-    let bobs = submit_in(&s, BOB, &chat, "bob's").await;
+    let bobs = s.submit_in(BOB, &chat, "bob's").await;
     assert_ne!(bobs, third);
 }
 
@@ -127,9 +111,9 @@ async fn a_busy_chat_names_its_active_run_and_the_policy_is_per_request() {
 async fn a_chat_keeps_its_messages_runs_and_files_across_runs_per_user() {
     let s = TestServer::start(Opts::default()).await;
     let chat = unique("todo");
-    let r1 = submit_in(&s, ALICE, &chat, "build a todo app").await;
+    let r1 = s.submit_in(ALICE, &chat, "build a todo app").await;
     assert_eq!(s.wait_finished(r1).await.status.as_str(), "completed");
-    let r2 = submit_in(&s, ALICE, &chat, "add a dark mode toggle").await;
+    let r2 = s.submit_in(ALICE, &chat, "add a dark mode toggle").await;
     assert_eq!(s.wait_finished(r2).await.status.as_str(), "completed");
 
     // Messages: oldest first, both prompts, each turn's reply with effects.
@@ -291,7 +275,7 @@ async fn a_chat_keeps_its_messages_runs_and_files_across_runs_per_user() {
         expect_error(res, 404, "not_found").await;
     }
     // … and once he runs in it, it is his own chat with his own workspace.
-    let rb = submit_in(&s, BOB, &chat, "build a todo app").await;
+    let rb = s.submit_in(BOB, &chat, "build a todo app").await;
     assert_eq!(s.wait_finished(rb).await.status.as_str(), "completed");
     let bobs = get_json(&s, &format!("/v1/chats/{chat}/messages"), BOB).await;
     let bob_msgs = bobs["messages"].as_array().unwrap();
@@ -325,7 +309,9 @@ async fn a_runs_builds_are_listed_and_other_users_get_404() {
         ..Opts::default()
     })
     .await;
-    let run = submit_in(&s, ALICE, &unique("build"), "build a todo app").await;
+    let run = s
+        .submit_in(ALICE, &unique("build"), "build a todo app")
+        .await;
     assert_eq!(s.wait_finished(run).await.status.as_str(), "completed");
     let list = get_json(&s, &format!("/v1/runs/{run}/builds"), ALICE).await;
     assert_eq!(list["run_id"], run.to_string());

@@ -146,9 +146,14 @@ impl TestServer {
 
     /// Submit a run for `key` in a fresh chat; returns its id.
     pub async fn submit(&self, key: &str, prompt: &str) -> RunId {
+        self.submit_in(key, &unique("chat"), prompt).await
+    }
+
+    /// Submit a run for `key` in `chat`; returns its id.
+    pub async fn submit_in(&self, key: &str, chat: &str, prompt: &str) -> RunId {
         let res = self
             .post("/v1/runs", key)
-            .json(&serde_json::json!({ "chat_id": unique("chat"), "prompt": prompt }))
+            .json(&serde_json::json!({ "chat_id": chat, "prompt": prompt }))
             .send()
             .await
             .expect("submit");
