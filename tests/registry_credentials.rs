@@ -591,6 +591,32 @@ async fn rotation_wrong_master_key_and_revocation() {
     let t = terminal(&collect(&s.engine, id).await);
     assert_eq!(t["status"], "failed");
     assert!(t["reason"].as_str().unwrap().contains("was revoked"), "{t}");
+
+    // A run cancelled while between workers, whose credential is gone by
+    // the time a worker claims it, ends `cancelled` (the cancel is honoured
+    // before the route is resolved), not `failed`.
+    let carol = s
+        .registry
+        .put_credential(cred("carol", "mine", BOB_KEY))
+        .await
+        .unwrap();
+    let id = s
+        .engine
+        .submit(RunRequest::new("carol", "c4", "p"))
+        .await
+        .unwrap();
+    s.store.revoke_credential("carol", carol.id).await.unwrap();
+    {
+        use edward::core::RunStore;
+        // A worker started it, then died; the cancel was recorded since.
+        s.store.start_run(id, edward::spi::Fence(1)).await.unwrap();
+        s.store
+            .request_cancel(id, edward::EngineEvent::CancelRequested {}.into_new_event())
+            .await
+            .unwrap();
+    }
+    let t = terminal(&collect(&s.engine, id).await);
+    assert_eq!(t["status"], "cancelled", "{t}");
     for (st, h) in [(stop, w), (stop3, w3)] {
         st.cancel();
         h.await.unwrap();

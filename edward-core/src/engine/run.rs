@@ -382,11 +382,27 @@ impl RunCtx {
         let budgets = request
             .budgets
             .map_or(self.inner.budgets, |b| b.capped_by(&self.inner.budgets));
+        if run.cancel_requested_at.is_some() {
+            // Cancelled before this worker claimed it (or while it was
+            // between workers): the first stop check ends it `cancelled`.
+            self.control.stop(StopCause::Cancelled);
+        }
         match super::routing::client_for_run(&self.inner, &run, &request).await {
             Ok(client) => {
                 if let Some(client) = client {
                     let _ = self.client.set(client);
                 }
+            }
+            // A cancelled run ends `cancelled`, whatever its route says.
+            Err(_) if self.control.cause() == Some(StopCause::Cancelled) => {
+                return self
+                    .finish(
+                        RunStatus::Cancelled,
+                        "cancelled",
+                        &BudgetState::default(),
+                        Utc::now(),
+                    )
+                    .await;
             }
             Err(f) if f.retryable => return AttemptEnd::Retry(f.reason),
             Err(f) => {
@@ -399,11 +415,6 @@ impl RunCtx {
                     )
                     .await;
             }
-        }
-        if run.cancel_requested_at.is_some() {
-            // Cancelled before this worker claimed it (or while it was
-            // between workers): the first stop check ends it `cancelled`.
-            self.control.stop(StopCause::Cancelled);
         }
 
         // Start fresh or resume from the checkpoint.
