@@ -44,6 +44,9 @@ struct Cli {
     /// Milliseconds between model chunks.
     #[arg(long, default_value_t = 12)]
     chunk_ms: u64,
+    /// Runs submitted at once (as that many clients of a server would).
+    #[arg(long, default_value_t = 100)]
+    clients: usize,
     /// Postgres URL (with `--store postgres`, feature `postgres`).
     #[arg(long, env = "EDWARD_DATABASE_URL")]
     database_url: Option<String>,
@@ -214,18 +217,30 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let peak = Arc::new(AtomicI64::new(0));
     let events_total = Arc::new(AtomicU64::new(0));
     let mut tailers = Vec::with_capacity(n);
+    // `--clients` submitters at once, as that many clients of a server would.
+    let clients = Arc::new(tokio::sync::Semaphore::new(cli.clients.max(1)));
+    let submitted_all = Arc::new(std::sync::Mutex::new(Duration::ZERO));
     for i in 0..n {
-        let id = engine
-            .submit(RunRequest::new(
-                "load",
-                format!("chat-{i}"),
-                "stream a file",
-            ))
-            .await?;
-        let submitted = Instant::now();
         let engine = engine.clone();
         let (active, peak, events_total) = (active.clone(), peak.clone(), events_total.clone());
+        let (clients, submitted_all) = (clients.clone(), submitted_all.clone());
         tailers.push(tokio::spawn(async move {
+            let id = {
+                let _client = clients.acquire().await.map_err(|e| e.to_string())?;
+                engine
+                    .submit(RunRequest::new(
+                        "load",
+                        format!("chat-{i}"),
+                        "stream a file",
+                    ))
+                    .await
+                    .map_err(|e| e.to_string())?
+            };
+            let submitted = Instant::now();
+            {
+                let mut all = submitted_all.lock().unwrap_or_else(|e| e.into_inner());
+                *all = (*all).max(started.elapsed());
+            }
             let mut latencies = Vec::new();
             let mut start_ms = None;
             let mut status = String::new();
@@ -259,14 +274,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                     _ => {}
                 }
             }
-            (latencies, start_ms, status)
+            Ok::<_, String>((latencies, start_ms, status))
         }));
     }
     let mut latencies = Vec::new();
     let mut starts = Vec::new();
     let mut completed = 0;
     for t in tailers {
-        let (l, s, status) = t.await?;
+        let (l, s, status) = t.await??;
         latencies.extend(l);
         starts.extend(s);
         if status == "Completed" {
@@ -299,6 +314,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         peak.load(Ordering::Relaxed),
         percentile(&starts, 0.5),
         starts.last().copied().unwrap_or(0.0),
+    );
+    eprintln!(
+        "submitting all {n} runs took {} ms",
+        submitted_all
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_millis()
     );
     if completed != n {
         return Err(format!("{} of {n} runs did not complete", n - completed).into());

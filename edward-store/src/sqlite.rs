@@ -4,6 +4,10 @@
 //! is `BEGIN IMMEDIATE`, so a transaction that reads before it writes (admit,
 //! append, claim) holds the database's write lock from its first statement:
 //! admission is an exact check-and-insert, and seqs and fences cannot race.
+//! One writer task group-commits the writes of all runs: whatever is queued
+//! when a transaction ends goes into the next one, each request answered
+//! with its own result (see `sqlite/writer.rs`). The WAL is checkpointed by a
+//! connection of its own, in the background, never inside a commit.
 //! Other processes opening the same file wait for the lock up to the
 //! configured timeout (`busy_timeout`), then fail retryably. Reads use a
 //! separate pool of readers (WAL mode lets them run beside the writer).
@@ -39,6 +43,7 @@ use crate::common::{
 use crate::error::{ConnectError, corrupt, queue_err, store_err};
 
 mod credentials;
+mod recent;
 mod writer;
 
 use writer::{Writer, WriterPool, writer_pool};
@@ -63,6 +68,8 @@ pub struct SqliteStore {
     writer: Arc<WriterPool>,
     /// The group-commit writer task every write goes through.
     jobs: Writer,
+    /// Events this process appended lately, for its own tailers.
+    recent: Arc<recent::Recent>,
     reader: SqlitePool,
     in_memory: bool,
 }
@@ -114,7 +121,23 @@ impl SqliteStore {
             })
             .synchronous(SqliteSynchronous::Normal)
             .busy_timeout(store.acquire_timeout);
-        let writer = writer_pool(&connect, &store, in_memory)
+        // The writer never checkpoints the WAL on commit (a checkpoint
+        // copies pages and fsyncs: hundreds of ms in the middle of a group
+        // commit); a connection of its own does, in the background.
+        let writer_connect = if in_memory {
+            connect.clone()
+        } else {
+            connect
+                .clone()
+                .pragma("wal_autocheckpoint", "0")
+                // Statement journals (every multi-row statement inside a
+                // transaction keeps one) in memory, not in temp files that
+                // are created and unlinked per statement; and room for a
+                // group commit's pages without spilling them mid-transaction.
+                .pragma("temp_store", "memory")
+                .pragma("cache_size", "-16384")
+        };
+        let writer = writer_pool(&writer_connect, &store, in_memory)
             .await
             .map_err(ConnectError::Connect)?;
         if store.run_migrations {
@@ -126,19 +149,36 @@ impl SqliteStore {
             SqlitePoolOptions::new()
                 .max_connections(store.max_connections)
                 .acquire_timeout(store.acquire_timeout)
+                // A ping before every read is one more thread hand-off per
+                // query; a dead embedded connection fails the query anyway.
+                .test_before_acquire(false)
                 .connect_with(connect.clone().read_only(true))
                 .await
                 .map_err(ConnectError::Connect)?
         };
+        let checkpoint = if in_memory {
+            None
+        } else {
+            Some(
+                SqlitePoolOptions::new()
+                    .max_connections(1)
+                    .acquire_timeout(store.acquire_timeout)
+                    .connect_with(connect.clone())
+                    .await
+                    .map_err(ConnectError::Connect)?,
+            )
+        };
         let writer = Arc::new(WriterPool::new(
             writer,
-            (!in_memory).then_some((connect, store)),
+            (!in_memory).then_some((writer_connect, store)),
+            checkpoint,
         ));
         let jobs =
             Writer::spawn(writer.clone()).map_err(|e| ConnectError::Connect(sqlx::Error::Io(e)))?;
         Ok(SqliteStore {
             writer,
             jobs,
+            recent: Arc::default(),
             reader,
             in_memory,
         })
@@ -166,7 +206,7 @@ impl SqliteStore {
 
     /// Close both pools.
     pub async fn close(&self) {
-        self.writer().close().await;
+        self.writer.close().await;
         self.reader.close().await;
     }
 
@@ -624,7 +664,7 @@ impl RunStore for SqliteStore {
 
     #[tracing::instrument(level = "debug", skip_all, fields(run_id = %run.id))]
     async fn admit(&self, run: NewRun, limits: AdmissionLimits) -> Result<Run, AdmitError> {
-        self.jobs.run((run, limits), admit_in).await
+        self.jobs.priority((run, limits), admit_in).await
     }
 
     async fn get_run(&self, run_id: RunId) -> Result<Option<Run>, StoreError> {
@@ -650,7 +690,16 @@ impl RunStore for SqliteStore {
     ) -> Result<Vec<RunEvent>, StoreError> {
         check_append_events(run_id, &events)?;
         let given = to_i64(fence.0, "fence")?;
-        self.jobs.append(run_id, fence, given, events).await
+        match self.jobs.append(run_id, fence, given, events).await {
+            Ok(events) => {
+                self.recent.record(run_id, &events);
+                Ok(events)
+            }
+            Err(e) => {
+                self.recent.forget(run_id);
+                Err(e)
+            }
+        }
     }
 
     #[tracing::instrument(level = "debug", skip(self, events), fields(run_id = %run_id, status = %status))]
@@ -669,7 +718,9 @@ impl RunStore for SqliteStore {
             reason: reason.to_owned(),
             events,
         };
-        self.jobs.run(finish, finish_run_in).await
+        let finished = self.jobs.run(finish, finish_run_in).await;
+        self.recent.forget(run_id);
+        finished
     }
 
     async fn events_after(
@@ -678,6 +729,10 @@ impl RunStore for SqliteStore {
         after_seq: u64,
         limit: usize,
     ) -> Result<Vec<RunEvent>, StoreError> {
+        if let Some(events) = self.recent.after(run_id, after_seq, limit) {
+            // Committed by this process just now: no round trip.
+            return Ok(events);
+        }
         let after = i64::try_from(after_seq).unwrap_or(i64::MAX);
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let rows = sqlx::query(
@@ -754,7 +809,9 @@ impl RunStore for SqliteStore {
     }
 
     async fn request_cancel(&self, run_id: RunId, event: NewEvent) -> Result<Run, StoreError> {
-        self.jobs.run((run_id, event), request_cancel_in).await
+        let run = self.jobs.run((run_id, event), request_cancel_in).await;
+        self.recent.forget(run_id);
+        run
     }
 
     async fn list_runs(&self, status: RunStatus, limit: usize) -> Result<Vec<Run>, StoreError> {
@@ -988,14 +1045,14 @@ impl RunQueue for SqliteStore {
     }
 
     async fn enqueue(&self, run_id: RunId) -> Result<(), QueueError> {
-        self.jobs.run(run_id, enqueue_in).await
+        self.jobs.priority(run_id, enqueue_in).await
     }
 
     #[tracing::instrument(level = "debug", skip(self))]
     async fn claim(&self, owner: &str, lease_for: Duration) -> Result<Option<Lease>, QueueError> {
         let leases = self
             .jobs
-            .claim((owner.to_owned(), lease_for, 1), claim_in)
+            .priority((owner.to_owned(), lease_for, 1), claim_in)
             .await?;
         let lease = leases.into_iter().next();
         if let Some(lease) = &lease {
@@ -1015,7 +1072,7 @@ impl RunQueue for SqliteStore {
             return Ok(Vec::new());
         }
         self.jobs
-            .claim((owner.to_owned(), lease_for, max), claim_in)
+            .priority((owner.to_owned(), lease_for, max), claim_in)
             .await
     }
 

@@ -4,8 +4,8 @@
 //! `BEGIN IMMEDIATE` transaction per tick, then answers each request with its
 //! own result.
 //!
-//! A tick runs claims first (so admission and starting runs are never starved
-//! by a flood of appends), then the other jobs in arrival order, then all
+//! A tick runs claims and admissions first (so starting runs is never
+//! starved by a flood of appends), then the other jobs in arrival order, then all
 //! appends of the tick together: one `SELECT` of the runs' fences and last
 //! seqs, the checks in Rust, one `UPDATE … FROM (VALUES …)` of the last seqs
 //! and multi-row `INSERT`s of all events. Seqs stay gap-free per run because
@@ -50,16 +50,28 @@ pub(crate) struct WriterPool {
     /// How to build a new writer pool (`None` for in-memory databases,
     /// whose data lives in the one connection).
     rebuild: Option<(SqliteConnectOptions, StoreOptions)>,
+    /// The connection that checkpoints the WAL (`None` in memory).
+    checkpoint: Option<SqlitePool>,
 }
 
 impl WriterPool {
     pub(crate) fn new(
         pool: SqlitePool,
         rebuild: Option<(SqliteConnectOptions, StoreOptions)>,
+        checkpoint: Option<SqlitePool>,
     ) -> Self {
         WriterPool {
             current: RwLock::new((0, pool)),
             rebuild,
+            checkpoint,
+        }
+    }
+
+    /// Close the writer and checkpoint connections.
+    pub(crate) async fn close(&self) {
+        self.pool().close().await;
+        if let Some(checkpoint) = &self.checkpoint {
+            checkpoint.close().await;
         }
     }
 
@@ -128,6 +140,7 @@ pub(crate) async fn writer_pool(
     SqlitePoolOptions::new()
         .max_connections(1)
         .acquire_timeout(store.acquire_timeout)
+        .test_before_acquire(false)
         // An in-memory database lives only as long as its connection.
         .idle_timeout(if in_memory {
             None
@@ -321,7 +334,7 @@ impl Append {
 }
 
 enum Request {
-    Claim(Box<dyn Job>),
+    Priority(Box<dyn Job>),
     Job(Box<dyn Job>),
     Append(Append),
 }
@@ -343,7 +356,18 @@ impl Writer {
             .build()?;
         std::thread::Builder::new()
             .name("edward-sqlite-writer".into())
-            .spawn(move || runtime.block_on(writer_loop(pool, rx)))?;
+            .spawn(move || {
+                runtime.block_on(async move {
+                    let checkpoints = pool
+                        .checkpoint
+                        .clone()
+                        .map(|c| tokio::spawn(checkpoints(c)));
+                    writer_loop(pool, rx).await;
+                    if let Some(task) = checkpoints {
+                        task.abort();
+                    }
+                })
+            })?;
         Ok(Writer { tx })
     }
 
@@ -357,8 +381,10 @@ impl Writer {
         self.send(data, exec, false).await
     }
 
-    /// Queue a claim (served first in its tick) and wait for its answer.
-    pub(crate) async fn claim<D, T, E>(&self, data: D, exec: Exec<D, T, E>) -> Result<T, E>
+    /// Queue a claim or an admission (served first in its tick, so that
+    /// starting runs never waits behind a flood of appends) and wait for
+    /// its answer.
+    pub(crate) async fn priority<D, T, E>(&self, data: D, exec: Exec<D, T, E>) -> Result<T, E>
     where
         D: Send + Sync + 'static,
         T: Send + 'static,
@@ -381,7 +407,7 @@ impl Writer {
             reply,
         });
         let request = if claim {
-            Request::Claim(job)
+            Request::Priority(job)
         } else {
             Request::Job(job)
         };
@@ -417,6 +443,27 @@ impl Writer {
     }
 }
 
+/// How often the WAL is checkpointed (passively: never waits for readers
+/// or the writer).
+const CHECKPOINT_EVERY: Duration = Duration::from_millis(200);
+
+async fn checkpoints(pool: SqlitePool) {
+    let mut every = tokio::time::interval(CHECKPOINT_EVERY);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        if pool.is_closed() {
+            return;
+        }
+        if let Err(e) = sqlx::query("PRAGMA wal_checkpoint(PASSIVE)")
+            .execute(&pool)
+            .await
+        {
+            tracing::debug!(error = %e, "WAL checkpoint failed; retrying later");
+        }
+    }
+}
+
 async fn writer_loop(pool: Arc<WriterPool>, mut rx: mpsc::UnboundedReceiver<Request>) {
     let mut buf = Vec::with_capacity(MAX_TICK);
     while rx.recv_many(&mut buf, MAX_TICK).await > 0 {
@@ -425,13 +472,21 @@ async fn writer_loop(pool: Arc<WriterPool>, mut rx: mpsc::UnboundedReceiver<Requ
         let mut appends = Vec::new();
         for request in buf.drain(..) {
             match request {
-                Request::Claim(job) => jobs.push(job),
+                Request::Priority(job) => jobs.push(job),
                 Request::Job(job) => others.push(job),
                 Request::Append(append) => appends.push(append),
             }
         }
         jobs.append(&mut others);
+        let (n_jobs, n_appends) = (jobs.len(), appends.len());
+        let began = std::time::Instant::now();
         tick(&pool, jobs, appends).await;
+        tracing::trace!(
+            jobs = n_jobs,
+            appends = n_appends,
+            us = began.elapsed().as_micros() as u64,
+            "group commit"
+        );
     }
 }
 
