@@ -135,7 +135,7 @@ impl RunQueue for PgQueue {
                 Ok(((run_at, seq), lease_from_row(row)?))
             })
             .collect::<Result<Vec<_>, QueueError>>()?;
-        claimed.sort_by(|a, b| a.0.cmp(&b.0));
+        claimed.sort_by_key(|c| c.0);
         Ok(claimed.into_iter().map(|(_, lease)| lease).collect())
     }
 
