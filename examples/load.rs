@@ -44,9 +44,23 @@ struct Cli {
     /// Milliseconds between model chunks.
     #[arg(long, default_value_t = 12)]
     chunk_ms: u64,
+    /// Runs submitted at once (as that many clients of a server would).
+    #[arg(long, default_value_t = 100)]
+    clients: usize,
     /// Postgres URL (with `--store postgres`, feature `postgres`).
     #[arg(long, env = "EDWARD_DATABASE_URL")]
     database_url: Option<String>,
+    /// Postgres pool size per process.
+    #[arg(long, default_value_t = 32)]
+    pool: u32,
+    /// Run the runs in this many worker processes (children of this one, on
+    /// the same Postgres database) instead of in this process, which then
+    /// only submits and tails. RSS and CPU are summed over all processes.
+    #[arg(long, default_value_t = 0)]
+    workers: usize,
+    /// Internal: be one of those worker processes (run a worker until killed).
+    #[arg(long, hide = true)]
+    worker_only: bool,
 }
 
 /// Streams a file whose lines are the microsecond timestamps of their chunk.
@@ -137,16 +151,37 @@ fn rusage_cpu_ms() -> f64 {
     tv(ru.ru_utime) + tv(ru.ru_stime)
 }
 
+fn status_kb(status: &str, field: &str) -> u64 {
+    status
+        .lines()
+        .find(|l| l.starts_with(field))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
 fn peak_rss_kb() -> u64 {
     std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse().ok())
-        })
+        .map(|s| status_kb(&s, "VmHWM:"))
         .unwrap_or(0)
+}
+
+/// User + system CPU of a live process, from `/proc/PID/stat` (clock ticks).
+fn proc_cpu_ms(pid: u32) -> Result<f64, Box<dyn std::error::Error>> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Fields after the parenthesised command name; utime and stime are the
+    // 14th and 15th fields of the whole line.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    Ok((ticks(11) + ticks(12)) * 1000.0 / hz.max(1.0))
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -169,7 +204,12 @@ async fn backend(cli: &Cli, dir: &std::path::Path) -> Result<Backend, Box<dyn st
                 .database_url
                 .as_deref()
                 .ok_or("--store postgres needs --database-url")?;
-            edward::PgStore::connect(url).await?.backend().await?
+            let options = edward::PgOptions::default()
+                .store(edward::StoreOptions::default().max_connections(cli.pool));
+            edward::PgStore::connect_with(url, options)
+                .await?
+                .backend()
+                .await?
         }
         other => return Err(format!("unknown or unbuilt store `{other}`").into()),
     })
@@ -202,10 +242,42 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         })
         .build()?;
     let shutdown = CancellationToken::new();
+    if cli.worker_only {
+        // A worker process: run until the parent sends SIGTERM.
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        let cfg = WorkerConfig::new(shutdown.clone()).with_concurrency(n);
+        let worker = tokio::spawn({
+            let engine = engine.clone();
+            async move { engine.worker(cfg).await }
+        });
+        term.recv().await;
+        shutdown.cancel();
+        worker.await??;
+        return Ok(());
+    }
+    let mut children = Vec::new();
+    if cli.workers > 0 {
+        if cli.store != "postgres" {
+            return Err("--workers needs --store postgres (a database shared by processes)".into());
+        }
+        let me = std::env::current_exe()?;
+        for _ in 0..cli.workers {
+            let mut args: Vec<String> = std::env::args().skip(1).collect();
+            args.push("--worker-only".into());
+            children.push(std::process::Command::new(&me).args(&args).spawn()?);
+        }
+    }
     let worker = tokio::spawn({
         let engine = engine.clone();
+        let in_process = cli.workers == 0;
         let cfg = WorkerConfig::new(shutdown.clone()).with_concurrency(n);
-        async move { engine.worker(cfg).await }
+        async move {
+            if in_process {
+                engine.worker(cfg).await
+            } else {
+                Ok(())
+            }
+        }
     });
 
     let cpu0 = rusage_cpu_ms();
@@ -214,18 +286,30 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let peak = Arc::new(AtomicI64::new(0));
     let events_total = Arc::new(AtomicU64::new(0));
     let mut tailers = Vec::with_capacity(n);
+    // `--clients` submitters at once, as that many clients of a server would.
+    let clients = Arc::new(tokio::sync::Semaphore::new(cli.clients.max(1)));
+    let submitted_all = Arc::new(std::sync::Mutex::new(Duration::ZERO));
     for i in 0..n {
-        let id = engine
-            .submit(RunRequest::new(
-                "load",
-                format!("chat-{i}"),
-                "stream a file",
-            ))
-            .await?;
-        let submitted = Instant::now();
         let engine = engine.clone();
         let (active, peak, events_total) = (active.clone(), peak.clone(), events_total.clone());
+        let (clients, submitted_all) = (clients.clone(), submitted_all.clone());
         tailers.push(tokio::spawn(async move {
+            let id = {
+                let _client = clients.acquire().await.map_err(|e| e.to_string())?;
+                engine
+                    .submit(RunRequest::new(
+                        "load",
+                        format!("chat-{i}"),
+                        "stream a file",
+                    ))
+                    .await
+                    .map_err(|e| e.to_string())?
+            };
+            let submitted = Instant::now();
+            {
+                let mut all = submitted_all.lock().unwrap_or_else(|e| e.into_inner());
+                *all = (*all).max(started.elapsed());
+            }
             let mut latencies = Vec::new();
             let mut start_ms = None;
             let mut status = String::new();
@@ -259,14 +343,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                     _ => {}
                 }
             }
-            (latencies, start_ms, status)
+            Ok::<_, String>((latencies, start_ms, status))
         }));
     }
     let mut latencies = Vec::new();
     let mut starts = Vec::new();
     let mut completed = 0;
     for t in tailers {
-        let (l, s, status) = t.await?;
+        let (l, s, status) = t.await??;
         latencies.extend(l);
         starts.extend(s);
         if status == "Completed" {
@@ -274,20 +358,34 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     let wall = started.elapsed();
-    let cpu = rusage_cpu_ms() - cpu0;
+    let mut cpu = rusage_cpu_ms() - cpu0;
     shutdown.cancel();
     worker.await??;
+    // Worker processes: their peak RSS and CPU time, then stop them.
+    let mut children_rss_kb = 0;
+    for child in &mut children {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", child.id()))?;
+        children_rss_kb += status_kb(&status, "VmHWM:");
+        cpu += proc_cpu_ms(child.id())?;
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+        child.wait()?;
+    }
 
     latencies.sort_by(f64::total_cmp);
     starts.sort_by(f64::total_cmp);
-    let rss_kb = peak_rss_kb();
+    let rss_kb = peak_rss_kb() + children_rss_kb;
     println!(
         "| store | N | completed | RSS/run | CPU/run | chunk→client p50/p99 | wall / ideal | events/s | peak active | time to start p50/max |"
     );
     println!("|---|---|---|---|---|---|---|---|---|---|");
     println!(
         "| {} | {} | {} | {} KB | {:.0} ms | {:.0} / {:.0} ms | {:.2} | {:.0} | {} | {:.0} / {:.0} ms |",
-        cli.store,
+        if cli.workers > 0 {
+            format!("{} ({} worker processes)", cli.store, cli.workers)
+        } else {
+            cli.store.clone()
+        },
         n,
         completed,
         rss_kb / n as u64,
@@ -299,6 +397,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         peak.load(Ordering::Relaxed),
         percentile(&starts, 0.5),
         starts.last().copied().unwrap_or(0.0),
+    );
+    eprintln!(
+        "submitting all {n} runs took {} ms",
+        submitted_all
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_millis()
     );
     if completed != n {
         return Err(format!("{} of {n} runs did not complete", n - completed).into());

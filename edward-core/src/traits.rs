@@ -244,6 +244,29 @@ pub trait RunQueue: Send + Sync + 'static {
     /// fence previously issued for that run.
     async fn claim(&self, owner: &str, lease_for: Duration) -> Result<Option<Lease>, QueueError>;
 
+    /// Claim up to `max` claimable jobs at once, oldest first, each as
+    /// [`RunQueue::claim`] would; fewer (or none) when fewer are claimable.
+    /// The default claims one at a time; a store that can claim several in
+    /// one round trip overrides it. If a later claim fails after earlier ones
+    /// succeeded, the ones held are returned (the error is dropped).
+    async fn claim_many(
+        &self,
+        owner: &str,
+        lease_for: Duration,
+        max: usize,
+    ) -> Result<Vec<Lease>, QueueError> {
+        let mut leases = Vec::new();
+        while leases.len() < max {
+            match self.claim(owner, lease_for).await {
+                Ok(Some(lease)) => leases.push(lease),
+                Ok(None) => break,
+                Err(e) if leases.is_empty() => return Err(e),
+                Err(_) => break,
+            }
+        }
+        Ok(leases)
+    }
+
     /// Extend a held lease. `LeaseLost` if it expired and was taken, or acked.
     async fn heartbeat(&self, lease: &Lease, lease_for: Duration) -> Result<Lease, QueueError>;
 

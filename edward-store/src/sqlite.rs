@@ -4,13 +4,17 @@
 //! is `BEGIN IMMEDIATE`, so a transaction that reads before it writes (admit,
 //! append, claim) holds the database's write lock from its first statement:
 //! admission is an exact check-and-insert, and seqs and fences cannot race.
+//! One writer task group-commits the writes of all runs: whatever is queued
+//! when a transaction ends goes into the next one, each request answered
+//! with its own result (see `sqlite/writer.rs`). The WAL is checkpointed by a
+//! connection of its own, in the background, never inside a commit.
 //! Other processes opening the same file wait for the lock up to the
 //! configured timeout (`busy_timeout`), then fail retryably. Reads use a
 //! separate pool of readers (WAL mode lets them run beside the writer).
 
 use std::path::Path;
 use std::str::FromStr;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -23,11 +27,12 @@ use edward_core::{
     DeadLetter, EffectRecord, Fence, Lease, NewEvent, NewMessage, NewRun, QueueError, RetryOutcome,
     RetryPolicy, Run, RunEvent, RunFilter, RunId, RunQueue, RunStatus, RunStore, StoreError,
 };
+use futures::future::BoxFuture;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
     SqliteSynchronous,
 };
-use sqlx::{Row, Sqlite, Transaction};
+use sqlx::{Row, Sqlite, SqliteConnection, Transaction};
 use uuid::Uuid;
 
 use crate::common::{
@@ -39,6 +44,10 @@ use crate::error::{ConnectError, corrupt, queue_err, store_err};
 
 mod chats;
 mod credentials;
+mod recent;
+mod writer;
+
+use writer::{Writer, WriterPool, writer_pool};
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
 
@@ -56,14 +65,14 @@ const RUN_COLUMNS: &str = "id, user_id, chat_id, status, request, fence, last_se
 /// ```
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
-    /// The single-connection writer pool; replaced when its connection is
-    /// left broken (see [`SqliteStore::recover_writer`]).
-    writer: Arc<RwLock<(u64, SqlitePool)>>,
+    /// The single-connection writer pool (recovered when left broken).
+    writer: Arc<WriterPool>,
+    /// The group-commit writer task every write goes through.
+    jobs: Writer,
+    /// Events this process appended lately, for its own tailers.
+    recent: Arc<recent::Recent>,
     reader: SqlitePool,
     in_memory: bool,
-    /// How to build a new writer pool (`None` for in-memory databases,
-    /// whose data lives in the one connection).
-    rebuild: Option<Arc<(SqliteConnectOptions, StoreOptions)>>,
 }
 
 impl SqliteStore {
@@ -113,7 +122,23 @@ impl SqliteStore {
             })
             .synchronous(SqliteSynchronous::Normal)
             .busy_timeout(store.acquire_timeout);
-        let writer = writer_pool(&connect, &store, in_memory)
+        // The writer never checkpoints the WAL on commit (a checkpoint
+        // copies pages and fsyncs: hundreds of ms in the middle of a group
+        // commit); a connection of its own does, in the background.
+        let writer_connect = if in_memory {
+            connect.clone()
+        } else {
+            connect
+                .clone()
+                .pragma("wal_autocheckpoint", "0")
+                // Statement journals (every multi-row statement inside a
+                // transaction keeps one) in memory, not in temp files that
+                // are created and unlinked per statement; and room for a
+                // group commit's pages without spilling them mid-transaction.
+                .pragma("temp_store", "memory")
+                .pragma("cache_size", "-16384")
+        };
+        let writer = writer_pool(&writer_connect, &store, in_memory)
             .await
             .map_err(ConnectError::Connect)?;
         if store.run_migrations {
@@ -125,15 +150,38 @@ impl SqliteStore {
             SqlitePoolOptions::new()
                 .max_connections(store.max_connections)
                 .acquire_timeout(store.acquire_timeout)
+                // A ping before every read is one more thread hand-off per
+                // query; a dead embedded connection fails the query anyway.
+                .test_before_acquire(false)
                 .connect_with(connect.clone().read_only(true))
                 .await
                 .map_err(ConnectError::Connect)?
         };
+        let checkpoint = if in_memory {
+            None
+        } else {
+            Some(
+                SqlitePoolOptions::new()
+                    .max_connections(1)
+                    .acquire_timeout(store.acquire_timeout)
+                    .connect_with(connect.clone())
+                    .await
+                    .map_err(ConnectError::Connect)?,
+            )
+        };
+        let writer = Arc::new(WriterPool::new(
+            writer,
+            (!in_memory).then_some((writer_connect, store)),
+            checkpoint,
+        ));
+        let jobs =
+            Writer::spawn(writer.clone()).map_err(|e| ConnectError::Connect(sqlx::Error::Io(e)))?;
         Ok(SqliteStore {
-            writer: Arc::new(RwLock::new((0, writer))),
+            writer,
+            jobs,
+            recent: Arc::default(),
             reader,
             in_memory,
-            rebuild: (!in_memory).then(|| Arc::new((connect, store))),
         })
     }
 
@@ -159,93 +207,19 @@ impl SqliteStore {
 
     /// Close both pools.
     pub async fn close(&self) {
-        self.writer().close().await;
+        self.writer.close().await;
         self.reader.close().await;
     }
 
     pub(crate) fn writer(&self) -> SqlitePool {
-        self.current_writer().1
+        self.writer.pool()
     }
 
-    /// The writer pool and its generation.
-    fn current_writer(&self) -> (u64, SqlitePool) {
-        self.writer
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
-    }
-
+    /// A `BEGIN IMMEDIATE` transaction on the writer connection, outside
+    /// the group-commit writer (for rare writes such as credentials).
     async fn begin_write(&self) -> Result<Transaction<'static, Sqlite>, sqlx::Error> {
-        let (generation, pool) = self.current_writer();
-        match pool.begin_with("BEGIN IMMEDIATE").await {
-            Err(e) if connection_is_broken(&e) => {
-                // A failed COMMIT (e.g. "database or disk is full") can leave
-                // the one writer connection inside a transaction that sqlx
-                // no longer tracks: every later write would fail. Replace it.
-                self.recover_writer(generation, &e).await?;
-                self.writer().begin_with("BEGIN IMMEDIATE").await
-            }
-            r => r,
-        }
+        self.writer.begin().await
     }
-
-    /// Replace the writer pool of generation `broken` (if no one did already) with a new
-    /// one; the old connection is closed, which rolls back whatever it had open.
-    async fn recover_writer(&self, broken: u64, cause: &sqlx::Error) -> Result<(), sqlx::Error> {
-        let Some(rebuild) = &self.rebuild else {
-            return Ok(());
-        };
-        tracing::warn!(error = %cause, "SQLite writer connection is broken; reconnecting");
-        let fresh = writer_pool(&rebuild.0, &rebuild.1, false).await?;
-        let old = {
-            let mut w = self
-                .writer
-                .write()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            if w.0 != broken {
-                // Someone else recovered meanwhile: keep theirs.
-                None
-            } else {
-                Some(std::mem::replace(&mut *w, (broken + 1, fresh.clone())).1)
-            }
-        };
-        let Some(old) = old else {
-            fresh.close().await;
-            return Ok(());
-        };
-        old.close().await;
-        Ok(())
-    }
-}
-
-/// The one-connection writer pool.
-async fn writer_pool(
-    connect: &SqliteConnectOptions,
-    store: &StoreOptions,
-    in_memory: bool,
-) -> Result<SqlitePool, sqlx::Error> {
-    SqlitePoolOptions::new()
-        .max_connections(1)
-        .acquire_timeout(store.acquire_timeout)
-        // An in-memory database lives only as long as its connection.
-        .idle_timeout(if in_memory {
-            None
-        } else {
-            Some(Duration::from_secs(600))
-        })
-        .max_lifetime(if in_memory {
-            None
-        } else {
-            Some(Duration::from_secs(1800))
-        })
-        .connect_with(connect.clone())
-        .await
-}
-
-/// Whether the writer connection can no longer start transactions: sqlx
-/// still counts an earlier transaction as open (its COMMIT failed).
-fn connection_is_broken(e: &sqlx::Error) -> bool {
-    e.to_string().contains("non-zero transaction depth")
 }
 
 fn micros(at: DateTime<Utc>) -> i64 {
@@ -303,14 +277,14 @@ fn effect_from_row(key: &str, row: &SqliteRow) -> Result<EffectRecord, StoreErro
     })
 }
 
-/// `(status, fence)` of a run, inside `tx`.
+/// `(status, fence, last_seq)` of a run, on the writer connection.
 async fn run_state(
-    tx: &mut Transaction<'static, Sqlite>,
+    conn: &mut SqliteConnection,
     run_id: RunId,
 ) -> Result<Option<(RunStatus, Fence, i64)>, StoreError> {
     let row = sqlx::query("SELECT status, fence, last_seq FROM runs WHERE id = ?")
         .bind(run_id.0)
-        .fetch_optional(&mut **tx)
+        .fetch_optional(&mut *conn)
         .await
         .map_err(store_err)?;
     match row {
@@ -329,12 +303,12 @@ async fn run_state(
 }
 
 async fn diagnose_in(
-    tx: &mut Transaction<'static, Sqlite>,
+    conn: &mut SqliteConnection,
     run_id: RunId,
     given: Fence,
     check_finished: bool,
 ) -> StoreError {
-    match run_state(tx, run_id).await {
+    match run_state(conn, run_id).await {
         Ok(found) => diagnose(run_id, found.map(|(s, f, _)| (s, f)), given, check_finished),
         Err(e) => e,
     }
@@ -346,11 +320,11 @@ const INSERT_CHUNK: usize = 128;
 /// Insert `events` with seqs `first_seq..`, all stamped `at`, as multi-row
 /// `INSERT`s (one statement per [`INSERT_CHUNK`] events).
 async fn insert_events(
-    tx: &mut Transaction<'static, Sqlite>,
+    conn: &mut SqliteConnection,
     run_id: RunId,
     first_seq: i64,
     at: DateTime<Utc>,
-    events: Vec<NewEvent>,
+    events: &[NewEvent],
 ) -> Result<Vec<RunEvent>, StoreError> {
     let at_us = micros(at);
     let payloads: Vec<String> = events.iter().map(|e| json_text(&e.payload)).collect();
@@ -367,34 +341,34 @@ async fn insert_events(
         });
         builder
             .build()
-            .execute(&mut **tx)
+            .execute(&mut *conn)
             .await
             .map_err(store_err)?;
         offset += chunk.len();
     }
     events
-        .into_iter()
+        .iter()
         .enumerate()
         .map(|(i, event)| {
             Ok(RunEvent {
                 run_id,
                 seq: to_u64(first_seq + i as i64, "seq")?,
-                kind: event.kind,
+                kind: event.kind.clone(),
                 at,
-                payload: event.payload,
+                payload: event.payload.clone(),
             })
         })
         .collect()
 }
 
 /// Truncate to the stored precision so returned values equal re-read ones.
-fn now() -> DateTime<Utc> {
+pub(crate) fn now() -> DateTime<Utc> {
     let now = Utc::now();
     DateTime::from_timestamp_micros(now.timestamp_micros()).unwrap_or(now)
 }
 
 async fn count_active(
-    tx: &mut Transaction<'static, Sqlite>,
+    conn: &mut SqliteConnection,
     sql: &str,
     key: Option<&str>,
 ) -> Result<u32, StoreError> {
@@ -402,26 +376,22 @@ async fn count_active(
     if let Some(key) = key {
         query = query.bind(key);
     }
-    let n = query.fetch_one(&mut **tx).await.map_err(store_err)?;
+    let n = query.fetch_one(&mut *conn).await.map_err(store_err)?;
     Ok(u32::try_from(n).unwrap_or(u32::MAX))
 }
 
-#[async_trait]
-impl RunStore for SqliteStore {
-    fn durability(&self) -> Durability {
-        if self.in_memory {
-            Durability::InProcess
-        } else {
-            Durability::Durable
-        }
-    }
+// Bodies of the writes. Each runs inside the group-commit writer's
+// transaction (see `writer.rs`), borrowing its request so that it can run
+// again alone; a refusal writes nothing before it is returned.
 
-    #[tracing::instrument(level = "debug", skip_all, fields(run_id = %run.id))]
-    async fn admit(&self, run: NewRun, limits: AdmissionLimits) -> Result<Run, AdmitError> {
-        let mut tx = self.begin_write().await.map_err(store_err)?;
+fn admit_in<'c>(
+    conn: &'c mut SqliteConnection,
+    (run, limits): &'c (NewRun, AdmissionLimits),
+) -> BoxFuture<'c, Result<Run, AdmitError>> {
+    Box::pin(async move {
         let exists = sqlx::query("SELECT 1 FROM runs WHERE id = ?")
             .bind(run.id.0)
-            .fetch_optional(&mut *tx)
+            .fetch_optional(&mut *conn)
             .await
             .map_err(store_err)?;
         if exists.is_some() {
@@ -434,7 +404,7 @@ impl RunStore for SqliteStore {
         )
         .bind(&run.user_id)
         .bind(&run.chat_id)
-        .fetch_one(&mut *tx)
+        .fetch_one(&mut *conn)
         .await
         .map_err(store_err)?;
         let chat = u32::try_from(chat).unwrap_or(u32::MAX);
@@ -445,7 +415,7 @@ impl RunStore for SqliteStore {
             .into());
         }
         let user = count_active(
-            &mut tx,
+            conn,
             "SELECT COUNT(*) FROM runs WHERE user_id = ? AND status IN ('queued', 'running')",
             Some(&run.user_id),
         )
@@ -457,7 +427,7 @@ impl RunStore for SqliteStore {
             .into());
         }
         let global = count_active(
-            &mut tx,
+            conn,
             "SELECT COUNT(*) FROM runs WHERE status IN ('queued', 'running')",
             None,
         )
@@ -479,11 +449,11 @@ impl RunStore for SqliteStore {
         .bind(json_text(&run.request))
         .bind(micros(at))
         .bind(micros(at))
-        .fetch_one(&mut *tx)
+        .fetch_one(&mut *conn)
         .await
         .map_err(store_err)?;
         let stored = run_from_row(&row)?;
-        insert_events(&mut tx, run.id, 1, at, vec![run.first_event]).await?;
+        insert_events(conn, run.id, 1, at, std::slice::from_ref(&run.first_event)).await?;
         // The queue lives in the same database: the run is enqueued in the
         // admitting transaction, so a crash can never leave it admitted
         // (holding a slot) but unqueued. `enqueue` afterwards is a no-op.
@@ -492,11 +462,215 @@ impl RunStore for SqliteStore {
         )
         .bind(run.id.0)
         .bind(micros(at))
-        .execute(&mut *tx)
+        .execute(&mut *conn)
         .await
         .map_err(store_err)?;
-        tx.commit().await.map_err(store_err)?;
         Ok(stored)
+    })
+}
+
+fn start_run_in<'c>(
+    conn: &'c mut SqliteConnection,
+    &(run_id, fence): &'c (RunId, Fence),
+) -> BoxFuture<'c, Result<Run, StoreError>> {
+    Box::pin(async move {
+        let given = to_i64(fence.0, "fence")?;
+        let row = sqlx::query(&format!(
+            "UPDATE runs SET fence = ?, status = 'running', updated_at = ? \
+             WHERE id = ? AND fence <= ? AND status IN ('queued', 'running') \
+             RETURNING {RUN_COLUMNS}"
+        ))
+        .bind(given)
+        .bind(micros(now()))
+        .bind(run_id.0)
+        .bind(given)
+        .fetch_optional(&mut *conn)
+        .await
+        .map_err(store_err)?;
+        let Some(row) = row else {
+            return Err(diagnose_in(conn, run_id, fence, true).await);
+        };
+        run_from_row(&row)
+    })
+}
+
+struct Finish {
+    run_id: RunId,
+    fence: Option<Fence>,
+    status: RunStatus,
+    reason: String,
+    events: Vec<NewEvent>,
+}
+
+fn finish_run_in<'c>(
+    conn: &'c mut SqliteConnection,
+    f: &'c Finish,
+) -> BoxFuture<'c, Result<Vec<RunEvent>, StoreError>> {
+    Box::pin(async move {
+        let run_id = f.run_id;
+        let Some((current, current_fence, last_seq)) = run_state(conn, run_id).await? else {
+            return Err(StoreError::NotFound { run_id });
+        };
+        check_finish(run_id, current, current_fence, f.fence, f.status, &f.events)?;
+        let at = now();
+        let n = f.events.len() as i64;
+        sqlx::query(
+            "UPDATE runs SET status = ?, terminal_reason = ?, finished_at = ?, updated_at = ?, \
+             last_seq = last_seq + ? WHERE id = ?",
+        )
+        .bind(f.status.as_str())
+        .bind(&f.reason)
+        .bind(micros(at))
+        .bind(micros(at))
+        .bind(n)
+        .bind(run_id.0)
+        .execute(&mut *conn)
+        .await
+        .map_err(store_err)?;
+        insert_events(conn, run_id, last_seq + 1, at, &f.events).await
+    })
+}
+
+fn save_checkpoint_in<'c>(
+    conn: &'c mut SqliteConnection,
+    (run_id, fence, checkpoint): &'c (RunId, Fence, Checkpoint),
+) -> BoxFuture<'c, Result<(), StoreError>> {
+    Box::pin(async move {
+        let given = to_i64(fence.0, "fence")?;
+        let done = sqlx::query(
+            "UPDATE runs SET checkpoint_turn = ?, checkpoint = ?, updated_at = ? \
+             WHERE id = ? AND fence <= ?",
+        )
+        .bind(i64::from(checkpoint.turn))
+        .bind(json_text(&checkpoint.state))
+        .bind(micros(now()))
+        .bind(run_id.0)
+        .bind(given)
+        .execute(&mut *conn)
+        .await
+        .map_err(store_err)?;
+        if done.rows_affected() == 0 {
+            return Err(diagnose_in(conn, *run_id, *fence, false).await);
+        }
+        Ok(())
+    })
+}
+
+struct Effect {
+    run_id: RunId,
+    fence: Fence,
+    key: String,
+    value: serde_json::Value,
+}
+
+fn begin_effect_in<'c>(
+    conn: &'c mut SqliteConnection,
+    e: &'c Effect,
+) -> BoxFuture<'c, Result<EffectRecord, StoreError>> {
+    Box::pin(async move {
+        let run_id = e.run_id;
+        let Some((_, current, _)) = run_state(conn, run_id).await? else {
+            return Err(StoreError::NotFound { run_id });
+        };
+        crate::common::check_fence(run_id, current, e.fence)?;
+        let at = micros(now());
+        let row = sqlx::query(
+            "INSERT INTO effects (run_id, key, state, request, result, attempts, created_at, updated_at) \
+             VALUES (?, ?, 'started', ?, NULL, 1, ?, ?) \
+             ON CONFLICT (run_id, key) DO UPDATE SET \
+               attempts = effects.attempts + (effects.state = 'started'), \
+               updated_at = excluded.updated_at \
+             RETURNING state, request, result, attempts",
+        )
+        .bind(run_id.0)
+        .bind(&e.key)
+        .bind(json_text(&e.value))
+        .bind(at)
+        .bind(at)
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(store_err)?;
+        effect_from_row(&e.key, &row)
+    })
+}
+
+fn complete_effect_in<'c>(
+    conn: &'c mut SqliteConnection,
+    e: &'c Effect,
+) -> BoxFuture<'c, Result<(), StoreError>> {
+    Box::pin(async move {
+        let run_id = e.run_id;
+        let Some((_, current, _)) = run_state(conn, run_id).await? else {
+            return Err(StoreError::NotFound { run_id });
+        };
+        crate::common::check_fence(run_id, current, e.fence)?;
+        let at = micros(now());
+        sqlx::query(
+            "INSERT INTO effects (run_id, key, state, request, result, attempts, created_at, updated_at) \
+             VALUES (?, ?, 'completed', 'null', ?, 1, ?, ?) \
+             ON CONFLICT (run_id, key) DO UPDATE SET \
+               state = 'completed', result = excluded.result, updated_at = excluded.updated_at",
+        )
+        .bind(run_id.0)
+        .bind(&e.key)
+        .bind(json_text(&e.value))
+        .bind(at)
+        .bind(at)
+        .execute(&mut *conn)
+        .await
+        .map_err(store_err)?;
+        Ok(())
+    })
+}
+
+fn request_cancel_in<'c>(
+    conn: &'c mut SqliteConnection,
+    (run_id, event): &'c (RunId, NewEvent),
+) -> BoxFuture<'c, Result<Run, StoreError>> {
+    Box::pin(async move {
+        let run_id = *run_id;
+        let Some((current, _, last_seq)) = run_state(conn, run_id).await? else {
+            return Err(StoreError::NotFound { run_id });
+        };
+        if !current.is_terminal() {
+            let at = now();
+            let updated = sqlx::query(
+                "UPDATE runs SET cancel_requested_at = ?, updated_at = ?, last_seq = last_seq + 1 \
+                 WHERE id = ? AND cancel_requested_at IS NULL",
+            )
+            .bind(micros(at))
+            .bind(micros(at))
+            .bind(run_id.0)
+            .execute(&mut *conn)
+            .await
+            .map_err(store_err)?;
+            if updated.rows_affected() == 1 {
+                insert_events(conn, run_id, last_seq + 1, at, std::slice::from_ref(event)).await?;
+            }
+        }
+        let sql = format!("SELECT {RUN_COLUMNS} FROM runs WHERE id = ?");
+        let row = sqlx::query(&sql)
+            .bind(run_id.0)
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(store_err)?;
+        run_from_row(&row)
+    })
+}
+
+#[async_trait]
+impl RunStore for SqliteStore {
+    fn durability(&self) -> Durability {
+        if self.in_memory {
+            Durability::InProcess
+        } else {
+            Durability::Durable
+        }
+    }
+
+    #[tracing::instrument(level = "debug", skip_all, fields(run_id = %run.id))]
+    async fn admit(&self, run: NewRun, limits: AdmissionLimits) -> Result<Run, AdmitError> {
+        self.jobs.priority((run, limits), admit_in).await
     }
 
     async fn get_run(&self, run_id: RunId) -> Result<Option<Run>, StoreError> {
@@ -510,26 +684,7 @@ impl RunStore for SqliteStore {
 
     #[tracing::instrument(level = "debug", skip(self), fields(run_id = %run_id, fence = %fence))]
     async fn start_run(&self, run_id: RunId, fence: Fence) -> Result<Run, StoreError> {
-        let given = to_i64(fence.0, "fence")?;
-        let mut tx = self.begin_write().await.map_err(store_err)?;
-        let row = sqlx::query(&format!(
-            "UPDATE runs SET fence = ?, status = 'running', updated_at = ? \
-             WHERE id = ? AND fence <= ? AND status IN ('queued', 'running') \
-             RETURNING {RUN_COLUMNS}"
-        ))
-        .bind(given)
-        .bind(micros(now()))
-        .bind(run_id.0)
-        .bind(given)
-        .fetch_optional(&mut *tx)
-        .await
-        .map_err(store_err)?;
-        let Some(row) = row else {
-            return Err(diagnose_in(&mut tx, run_id, fence, true).await);
-        };
-        let run = run_from_row(&row)?;
-        tx.commit().await.map_err(store_err)?;
-        Ok(run)
+        self.jobs.run((run_id, fence), start_run_in).await
     }
 
     #[tracing::instrument(level = "debug", skip(self, events), fields(run_id = %run_id, n = events.len()))]
@@ -541,28 +696,16 @@ impl RunStore for SqliteStore {
     ) -> Result<Vec<RunEvent>, StoreError> {
         check_append_events(run_id, &events)?;
         let given = to_i64(fence.0, "fence")?;
-        let n = events.len() as i64;
-        let at = now();
-        let mut tx = self.begin_write().await.map_err(store_err)?;
-        let last: Option<i64> = sqlx::query_scalar(
-            "UPDATE runs SET last_seq = last_seq + ?, \
-             updated_at = CASE WHEN ? > 0 THEN ? ELSE updated_at END \
-             WHERE id = ? AND fence <= ? AND status IN ('queued', 'running') RETURNING last_seq",
-        )
-        .bind(n)
-        .bind(n)
-        .bind(micros(at))
-        .bind(run_id.0)
-        .bind(given)
-        .fetch_optional(&mut *tx)
-        .await
-        .map_err(store_err)?;
-        let Some(last) = last else {
-            return Err(diagnose_in(&mut tx, run_id, fence, true).await);
-        };
-        let persisted = insert_events(&mut tx, run_id, last - n + 1, at, events).await?;
-        tx.commit().await.map_err(store_err)?;
-        Ok(persisted)
+        match self.jobs.append(run_id, fence, given, events).await {
+            Ok(events) => {
+                self.recent.record(run_id, &events);
+                Ok(events)
+            }
+            Err(e) => {
+                self.recent.forget(run_id);
+                Err(e)
+            }
+        }
     }
 
     #[tracing::instrument(level = "debug", skip(self, events), fields(run_id = %run_id, status = %status))]
@@ -574,29 +717,16 @@ impl RunStore for SqliteStore {
         reason: &str,
         events: Vec<NewEvent>,
     ) -> Result<Vec<RunEvent>, StoreError> {
-        let mut tx = self.begin_write().await.map_err(store_err)?;
-        let Some((current, current_fence, last_seq)) = run_state(&mut tx, run_id).await? else {
-            return Err(StoreError::NotFound { run_id });
+        let finish = Finish {
+            run_id,
+            fence,
+            status,
+            reason: reason.to_owned(),
+            events,
         };
-        check_finish(run_id, current, current_fence, fence, status, &events)?;
-        let at = now();
-        let n = events.len() as i64;
-        sqlx::query(
-            "UPDATE runs SET status = ?, terminal_reason = ?, finished_at = ?, updated_at = ?, \
-             last_seq = last_seq + ? WHERE id = ?",
-        )
-        .bind(status.as_str())
-        .bind(reason)
-        .bind(micros(at))
-        .bind(micros(at))
-        .bind(n)
-        .bind(run_id.0)
-        .execute(&mut *tx)
-        .await
-        .map_err(store_err)?;
-        let persisted = insert_events(&mut tx, run_id, last_seq + 1, at, events).await?;
-        tx.commit().await.map_err(store_err)?;
-        Ok(persisted)
+        let finished = self.jobs.run(finish, finish_run_in).await;
+        self.recent.forget(run_id);
+        finished
     }
 
     async fn events_after(
@@ -605,6 +735,10 @@ impl RunStore for SqliteStore {
         after_seq: u64,
         limit: usize,
     ) -> Result<Vec<RunEvent>, StoreError> {
+        if let Some(events) = self.recent.after(run_id, after_seq, limit) {
+            // Committed by this process just now: no round trip.
+            return Ok(events);
+        }
         let after = i64::try_from(after_seq).unwrap_or(i64::MAX);
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let rows = sqlx::query(
@@ -629,24 +763,9 @@ impl RunStore for SqliteStore {
         fence: Fence,
         checkpoint: Checkpoint,
     ) -> Result<(), StoreError> {
-        let given = to_i64(fence.0, "fence")?;
-        let mut tx = self.begin_write().await.map_err(store_err)?;
-        let done = sqlx::query(
-            "UPDATE runs SET checkpoint_turn = ?, checkpoint = ?, updated_at = ? \
-             WHERE id = ? AND fence <= ?",
-        )
-        .bind(i64::from(checkpoint.turn))
-        .bind(json_text(&checkpoint.state))
-        .bind(micros(now()))
-        .bind(run_id.0)
-        .bind(given)
-        .execute(&mut *tx)
-        .await
-        .map_err(store_err)?;
-        if done.rows_affected() == 0 {
-            return Err(diagnose_in(&mut tx, run_id, fence, false).await);
-        }
-        tx.commit().await.map_err(store_err)
+        self.jobs
+            .run((run_id, fence, checkpoint), save_checkpoint_in)
+            .await
     }
 
     async fn load_checkpoint(&self, run_id: RunId) -> Result<Option<Checkpoint>, StoreError> {
@@ -670,31 +789,13 @@ impl RunStore for SqliteStore {
         key: &str,
         request: serde_json::Value,
     ) -> Result<EffectRecord, StoreError> {
-        let mut tx = self.begin_write().await.map_err(store_err)?;
-        let Some((_, current, _)) = run_state(&mut tx, run_id).await? else {
-            return Err(StoreError::NotFound { run_id });
+        let effect = Effect {
+            run_id,
+            fence,
+            key: key.to_owned(),
+            value: request,
         };
-        crate::common::check_fence(run_id, current, fence)?;
-        let at = micros(now());
-        let row = sqlx::query(
-            "INSERT INTO effects (run_id, key, state, request, result, attempts, created_at, updated_at) \
-             VALUES (?, ?, 'started', ?, NULL, 1, ?, ?) \
-             ON CONFLICT (run_id, key) DO UPDATE SET \
-               attempts = effects.attempts + (effects.state = 'started'), \
-               updated_at = excluded.updated_at \
-             RETURNING state, request, result, attempts",
-        )
-        .bind(run_id.0)
-        .bind(key)
-        .bind(json_text(&request))
-        .bind(at)
-        .bind(at)
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(store_err)?;
-        let record = effect_from_row(key, &row)?;
-        tx.commit().await.map_err(store_err)?;
-        Ok(record)
+        self.jobs.run(effect, begin_effect_in).await
     }
 
     async fn complete_effect(
@@ -704,59 +805,19 @@ impl RunStore for SqliteStore {
         key: &str,
         result: serde_json::Value,
     ) -> Result<(), StoreError> {
-        let mut tx = self.begin_write().await.map_err(store_err)?;
-        let Some((_, current, _)) = run_state(&mut tx, run_id).await? else {
-            return Err(StoreError::NotFound { run_id });
+        let effect = Effect {
+            run_id,
+            fence,
+            key: key.to_owned(),
+            value: result,
         };
-        crate::common::check_fence(run_id, current, fence)?;
-        let at = micros(now());
-        sqlx::query(
-            "INSERT INTO effects (run_id, key, state, request, result, attempts, created_at, updated_at) \
-             VALUES (?, ?, 'completed', 'null', ?, 1, ?, ?) \
-             ON CONFLICT (run_id, key) DO UPDATE SET \
-               state = 'completed', result = excluded.result, updated_at = excluded.updated_at",
-        )
-        .bind(run_id.0)
-        .bind(key)
-        .bind(json_text(&result))
-        .bind(at)
-        .bind(at)
-        .execute(&mut *tx)
-        .await
-        .map_err(store_err)?;
-        tx.commit().await.map_err(store_err)
+        self.jobs.run(effect, complete_effect_in).await
     }
 
     async fn request_cancel(&self, run_id: RunId, event: NewEvent) -> Result<Run, StoreError> {
-        let mut tx = self.begin_write().await.map_err(store_err)?;
-        let Some((current, _, last_seq)) = run_state(&mut tx, run_id).await? else {
-            return Err(StoreError::NotFound { run_id });
-        };
-        if !current.is_terminal() {
-            let at = now();
-            let updated = sqlx::query(
-                "UPDATE runs SET cancel_requested_at = ?, updated_at = ?, last_seq = last_seq + 1 \
-                 WHERE id = ? AND cancel_requested_at IS NULL",
-            )
-            .bind(micros(at))
-            .bind(micros(at))
-            .bind(run_id.0)
-            .execute(&mut *tx)
-            .await
-            .map_err(store_err)?;
-            if updated.rows_affected() == 1 {
-                insert_events(&mut tx, run_id, last_seq + 1, at, vec![event]).await?;
-            }
-        }
-        let sql = format!("SELECT {RUN_COLUMNS} FROM runs WHERE id = ?");
-        let row = sqlx::query(&sql)
-            .bind(run_id.0)
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(store_err)?;
-        let run = run_from_row(&row)?;
-        tx.commit().await.map_err(store_err)?;
-        Ok(run)
+        let run = self.jobs.run((run_id, event), request_cancel_in).await;
+        self.recent.forget(run_id);
+        run
     }
 
     async fn list_runs(&self, status: RunStatus, limit: usize) -> Result<Vec<Run>, StoreError> {
@@ -878,66 +939,78 @@ fn lease_from_row(row: &SqliteRow) -> Result<Lease, QueueError> {
     })
 }
 
-#[async_trait]
-impl RunQueue for SqliteStore {
-    fn durability(&self) -> Durability {
-        RunStore::durability(self)
-    }
-
-    async fn enqueue(&self, run_id: RunId) -> Result<(), QueueError> {
+fn enqueue_in<'c>(
+    conn: &'c mut SqliteConnection,
+    run_id: &'c RunId,
+) -> BoxFuture<'c, Result<(), QueueError>> {
+    Box::pin(async move {
         sqlx::query(
             "INSERT INTO queue (run_id, run_at) VALUES (?, ?) ON CONFLICT (run_id) DO NOTHING",
         )
         .bind(run_id.0)
         .bind(micros(now()))
-        .execute(&self.writer())
+        .execute(&mut *conn)
         .await
         .map_err(queue_err)?;
         Ok(())
-    }
+    })
+}
 
-    #[tracing::instrument(level = "debug", skip(self))]
-    async fn claim(&self, owner: &str, lease_for: Duration) -> Result<Option<Lease>, QueueError> {
-        let mut tx = self.begin_write().await.map_err(queue_err)?;
+/// Claim up to `max` claimable jobs, oldest first: one fence per job from
+/// the counter, in claim order.
+fn claim_in<'c>(
+    conn: &'c mut SqliteConnection,
+    (owner, lease_for, max): &'c (String, Duration, usize),
+) -> BoxFuture<'c, Result<Vec<Lease>, QueueError>> {
+    Box::pin(async move {
         let now_us = micros(now());
-        let candidate: Option<i64> = sqlx::query_scalar(
+        let candidates: Vec<i64> = sqlx::query_scalar(
             "SELECT seq FROM queue WHERE dead_lettered_at IS NULL AND run_at <= ? \
-             AND (owner IS NULL OR lease_expires_at <= ?) ORDER BY run_at, seq LIMIT 1",
+             AND (owner IS NULL OR lease_expires_at <= ?) ORDER BY run_at, seq LIMIT ?",
         )
         .bind(now_us)
         .bind(now_us)
-        .fetch_optional(&mut *tx)
+        .bind(i64::try_from(*max).unwrap_or(i64::MAX))
+        .fetch_all(&mut *conn)
         .await
         .map_err(queue_err)?;
-        let Some(seq) = candidate else {
-            return Ok(None);
-        };
-        let fence: i64 = sqlx::query_scalar(
-            "UPDATE fence_counter SET value = value + 1 WHERE id = 1 RETURNING value",
+        if candidates.is_empty() {
+            return Ok(Vec::new());
+        }
+        let k = candidates.len() as i64;
+        let last_fence: i64 = sqlx::query_scalar(
+            "UPDATE fence_counter SET value = value + ? WHERE id = 1 RETURNING value",
         )
-        .fetch_one(&mut *tx)
+        .bind(k)
+        .fetch_one(&mut *conn)
         .await
         .map_err(queue_err)?;
-        let expires = now_us.saturating_add(lease_ms(lease_for).saturating_mul(1000));
-        let row = sqlx::query(
-            "UPDATE queue SET owner = ?, fence = ?, attempts = attempts + 1, lease_expires_at = ? \
-             WHERE seq = ? RETURNING run_id, owner, fence, attempts, lease_expires_at",
-        )
-        .bind(owner)
-        .bind(fence)
-        .bind(expires)
-        .bind(seq)
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(queue_err)?;
-        let lease = lease_from_row(&row)?;
-        tx.commit().await.map_err(queue_err)?;
-        tracing::debug!(run_id = %lease.run_id, fence = %lease.fence, attempt = lease.attempt, "claimed");
-        Ok(Some(lease))
-    }
+        let expires = now_us.saturating_add(lease_ms(*lease_for).saturating_mul(1000));
+        let mut leases = Vec::with_capacity(candidates.len());
+        for (i, seq) in candidates.into_iter().enumerate() {
+            let row = sqlx::query(
+                "UPDATE queue SET owner = ?, fence = ?, attempts = attempts + 1, lease_expires_at = ? \
+                 WHERE seq = ? RETURNING run_id, owner, fence, attempts, lease_expires_at",
+            )
+            .bind(owner)
+            .bind(last_fence - k + 1 + i as i64)
+            .bind(expires)
+            .bind(seq)
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(queue_err)?;
+            leases.push(lease_from_row(&row)?);
+        }
+        Ok(leases)
+    })
+}
 
-    async fn heartbeat(&self, lease: &Lease, lease_for: Duration) -> Result<Lease, QueueError> {
-        let expires = micros(now()).saturating_add(lease_ms(lease_for).saturating_mul(1000));
+fn heartbeat_in<'c>(
+    conn: &'c mut SqliteConnection,
+    (lease, lease_for): &'c (Lease, Duration),
+) -> BoxFuture<'c, Result<Lease, QueueError>> {
+    Box::pin(async move {
+        let expires = micros(now()).saturating_add(lease_ms(*lease_for).saturating_mul(1000));
         let row = sqlx::query(
             "UPDATE queue SET lease_expires_at = ? WHERE run_id = ? AND owner = ? AND fence = ? \
              AND dead_lettered_at IS NULL RETURNING run_id, owner, fence, attempts, lease_expires_at",
@@ -946,38 +1019,42 @@ impl RunQueue for SqliteStore {
         .bind(lease.run_id.0)
         .bind(&lease.owner)
         .bind(queue_range(lease.fence.0)?)
-        .fetch_optional(&self.writer())
+        .fetch_optional(&mut *conn)
         .await
         .map_err(queue_err)?;
         match row {
             Some(row) => lease_from_row(&row),
             None => Err(lease_lost(lease.run_id, lease.fence)),
         }
-    }
+    })
+}
 
-    async fn ack(&self, lease: &Lease) -> Result<(), QueueError> {
+fn ack_in<'c>(
+    conn: &'c mut SqliteConnection,
+    lease: &'c Lease,
+) -> BoxFuture<'c, Result<(), QueueError>> {
+    Box::pin(async move {
         let done = sqlx::query(
             "DELETE FROM queue WHERE run_id = ? AND owner = ? AND fence = ? AND dead_lettered_at IS NULL",
         )
         .bind(lease.run_id.0)
         .bind(&lease.owner)
         .bind(queue_range(lease.fence.0)?)
-        .execute(&self.writer())
+        .execute(&mut *conn)
         .await
         .map_err(queue_err)?;
         if done.rows_affected() == 0 {
             return Err(lease_lost(lease.run_id, lease.fence));
         }
         Ok(())
-    }
+    })
+}
 
-    async fn retry(
-        &self,
-        lease: &Lease,
-        error: &str,
-        policy: RetryPolicy,
-    ) -> Result<RetryOutcome, QueueError> {
-        let mut tx = self.begin_write().await.map_err(queue_err)?;
+fn retry_in<'c>(
+    conn: &'c mut SqliteConnection,
+    (lease, error, policy): &'c (Lease, String, RetryPolicy),
+) -> BoxFuture<'c, Result<RetryOutcome, QueueError>> {
+    Box::pin(async move {
         let attempts: Option<i64> = sqlx::query_scalar(
             "SELECT attempts FROM queue WHERE run_id = ? AND owner = ? AND fence = ? \
              AND dead_lettered_at IS NULL",
@@ -985,7 +1062,7 @@ impl RunQueue for SqliteStore {
         .bind(lease.run_id.0)
         .bind(&lease.owner)
         .bind(queue_range(lease.fence.0)?)
-        .fetch_optional(&mut *tx)
+        .fetch_optional(&mut *conn)
         .await
         .map_err(queue_err)?;
         let Some(attempts) = attempts else {
@@ -993,7 +1070,7 @@ impl RunQueue for SqliteStore {
         };
         let attempts = u32::try_from(attempts).unwrap_or(u32::MAX);
         let at = now();
-        let outcome = if attempts >= policy.max_attempts {
+        if attempts >= policy.max_attempts {
             sqlx::query(
                 "UPDATE queue SET owner = NULL, lease_expires_at = NULL, last_error = ?, \
                  dead_lettered_at = ? WHERE run_id = ?",
@@ -1001,13 +1078,13 @@ impl RunQueue for SqliteStore {
             .bind(error)
             .bind(micros(at))
             .bind(lease.run_id.0)
-            .execute(&mut *tx)
+            .execute(&mut *conn)
             .await
             .map_err(queue_err)?;
             tracing::warn!(run_id = %lease.run_id, attempts, error, "job dead-lettered");
-            RetryOutcome::DeadLettered
+            Ok(RetryOutcome::DeadLettered)
         } else {
-            let delay = backoff_with_jitter(&policy, attempts);
+            let delay = backoff_with_jitter(policy, attempts);
             let run_at = at + chrono::Duration::from_std(delay).unwrap_or(chrono::Duration::MAX);
             sqlx::query(
                 "UPDATE queue SET owner = NULL, lease_expires_at = NULL, last_error = ?, run_at = ? \
@@ -1016,13 +1093,71 @@ impl RunQueue for SqliteStore {
             .bind(error)
             .bind(micros(run_at))
             .bind(lease.run_id.0)
-            .execute(&mut *tx)
+            .execute(&mut *conn)
             .await
             .map_err(queue_err)?;
-            RetryOutcome::Scheduled { at: run_at }
-        };
-        tx.commit().await.map_err(queue_err)?;
-        Ok(outcome)
+            Ok(RetryOutcome::Scheduled { at: run_at })
+        }
+    })
+}
+
+#[async_trait]
+impl RunQueue for SqliteStore {
+    fn durability(&self) -> Durability {
+        RunStore::durability(self)
+    }
+
+    async fn enqueue(&self, run_id: RunId) -> Result<(), QueueError> {
+        self.jobs.priority(run_id, enqueue_in).await
+    }
+
+    #[tracing::instrument(level = "debug", skip(self))]
+    async fn claim(&self, owner: &str, lease_for: Duration) -> Result<Option<Lease>, QueueError> {
+        let leases = self
+            .jobs
+            .priority((owner.to_owned(), lease_for, 1), claim_in)
+            .await?;
+        let lease = leases.into_iter().next();
+        if let Some(lease) = &lease {
+            tracing::debug!(run_id = %lease.run_id, fence = %lease.fence, attempt = lease.attempt, "claimed");
+        }
+        Ok(lease)
+    }
+
+    #[tracing::instrument(level = "debug", skip(self))]
+    async fn claim_many(
+        &self,
+        owner: &str,
+        lease_for: Duration,
+        max: usize,
+    ) -> Result<Vec<Lease>, QueueError> {
+        if max == 0 {
+            return Ok(Vec::new());
+        }
+        self.jobs
+            .priority((owner.to_owned(), lease_for, max), claim_in)
+            .await
+    }
+
+    async fn heartbeat(&self, lease: &Lease, lease_for: Duration) -> Result<Lease, QueueError> {
+        self.jobs
+            .run((lease.clone(), lease_for), heartbeat_in)
+            .await
+    }
+
+    async fn ack(&self, lease: &Lease) -> Result<(), QueueError> {
+        self.jobs.run(lease.clone(), ack_in).await
+    }
+
+    async fn retry(
+        &self,
+        lease: &Lease,
+        error: &str,
+        policy: RetryPolicy,
+    ) -> Result<RetryOutcome, QueueError> {
+        self.jobs
+            .run((lease.clone(), error.to_owned(), policy), retry_in)
+            .await
     }
 
     async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, QueueError> {

@@ -75,6 +75,7 @@ checks! { pg_queue as RunQueue:
     queue_claim_order => run_queue::check_claim_order, r#ref;
     queue_claim_skips_leased => run_queue::check_claim_skips_leased, r#ref;
     queue_concurrent_claims_exclusive => run_queue::check_concurrent_claims_exclusive, arc;
+    queue_claim_many => run_queue::check_claim_many, arc;
     queue_heartbeat_extends => run_queue::check_heartbeat_extends, r#ref;
     queue_expired_lease_reclaimed => run_queue::check_expired_lease_reclaimed, r#ref;
     queue_retry_backoff => run_queue::check_retry_backoff, r#ref;

@@ -68,6 +68,7 @@ checks! { redis_queue as RunQueue:
     queue_claim_order => run_queue::check_claim_order, r#ref;
     queue_claim_skips_leased => run_queue::check_claim_skips_leased, r#ref;
     queue_concurrent_claims_exclusive => run_queue::check_concurrent_claims_exclusive, arc;
+    queue_claim_many => run_queue::check_claim_many, arc;
     queue_heartbeat_extends => run_queue::check_heartbeat_extends, r#ref;
     queue_expired_lease_reclaimed => run_queue::check_expired_lease_reclaimed, r#ref;
     queue_same_owner_reclaim_needs_new_fence => run_queue::check_same_owner_reclaim_needs_new_fence, r#ref;

@@ -21,6 +21,9 @@ struct Tail {
     hints: Option<BoxStream<'static, u64>>,
     subscribed: bool,
     done: bool,
+    /// The last read returned a partial page: nothing more was stored then,
+    /// so wait for a hint instead of reading again at once.
+    caught_up: bool,
     backstop: Duration,
 }
 
@@ -42,6 +45,7 @@ pub(crate) fn tail(
         hints: None,
         subscribed: false,
         done: false,
+        caught_up: false,
         backstop,
     };
     let stream = futures::stream::unfold(state, |mut s| async move {
@@ -65,29 +69,34 @@ pub(crate) fn tail(
                 s.subscribed = true;
                 s.hints = s.notifier.subscribe_events(s.run_id).await.ok();
             }
-            match s.store.events_after(s.run_id, s.last, PAGE).await {
-                Ok(evs) if !evs.is_empty() => {
-                    s.buf.extend(evs);
-                    continue;
+            if std::mem::take(&mut s.caught_up) {
+                // One read per hint: the page just drained was partial.
+            } else {
+                match s.store.events_after(s.run_id, s.last, PAGE).await {
+                    Ok(evs) if !evs.is_empty() => {
+                        s.caught_up = evs.len() < PAGE;
+                        s.buf.extend(evs);
+                        continue;
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        s.done = true;
+                        return Some((Err(e), s));
+                    }
                 }
-                Ok(_) => {}
-                Err(e) => {
-                    s.done = true;
-                    return Some((Err(e), s));
-                }
-            }
-            match s.store.get_run(s.run_id).await {
-                Ok(None) => {
-                    s.done = true;
-                    return Some((Err(StoreError::NotFound { run_id: s.run_id }), s));
-                }
-                Ok(Some(run)) if run.status.is_terminal() && run.last_seq <= s.last => {
-                    return None;
-                }
-                Ok(Some(_)) => {}
-                Err(e) => {
-                    s.done = true;
-                    return Some((Err(e), s));
+                match s.store.get_run(s.run_id).await {
+                    Ok(None) => {
+                        s.done = true;
+                        return Some((Err(StoreError::NotFound { run_id: s.run_id }), s));
+                    }
+                    Ok(Some(run)) if run.status.is_terminal() && run.last_seq <= s.last => {
+                        return None;
+                    }
+                    Ok(Some(_)) => {}
+                    Err(e) => {
+                        s.done = true;
+                        return Some((Err(e), s));
+                    }
                 }
             }
             // Wait for a hint newer than what we have, or the backstop.

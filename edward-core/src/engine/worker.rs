@@ -112,6 +112,9 @@ fn lock(c: &Controls) -> std::sync::MutexGuard<'_, HashMap<RunId, Arc<RunControl
     c.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// Claims taken in one `claim_many` at most.
+const CLAIM_BATCH: usize = 64;
+
 pub(crate) async fn run_worker(inner: Arc<Inner>, cfg: WorkerConfig) {
     let span = tracing::info_span!("worker", worker = %cfg.id);
     worker_loop(inner, cfg).instrument(span).await
@@ -139,20 +142,25 @@ async fn worker_loop(inner: Arc<Inner>, cfg: WorkerConfig) {
                 break;
             }
             if runs.len() < cfg.concurrency {
-                match inner.queue.claim(&cfg.id, cfg.lease).await {
-                    Ok(Some(lease)) => {
-                        tracing::debug!(run_id = %lease.run_id, attempt = lease.attempt, "claimed");
-                        runs.spawn(run_task(
-                            inner.clone(),
-                            cfg.clone(),
-                            lease,
-                            controls.clone(),
-                            registry.clone(),
-                            retention.clone(),
-                        ));
+                // Several at once: a store that claims a batch in one round
+                // trip starts a burst of submitted runs quickly.
+                let room = (cfg.concurrency - runs.len()).min(CLAIM_BATCH);
+                match inner.queue.claim_many(&cfg.id, cfg.lease, room).await {
+                    Ok(leases) if !leases.is_empty() => {
+                        for lease in leases {
+                            tracing::debug!(run_id = %lease.run_id, attempt = lease.attempt, "claimed");
+                            runs.spawn(run_task(
+                                inner.clone(),
+                                cfg.clone(),
+                                lease,
+                                controls.clone(),
+                                registry.clone(),
+                                retention.clone(),
+                            ));
+                        }
                         continue;
                     }
-                    Ok(None) => {}
+                    Ok(_) => {}
                     Err(e) => tracing::warn!(error = %e, "claim failed"),
                 }
             }

@@ -131,8 +131,8 @@ fn chat_counter_key(user_id: &str, chat_id: &str) -> String {
 #[derive(Debug)]
 struct Entry {
     run: Run,
-    /// `events[i].seq == i + 1`.
-    events: Vec<RunEvent>,
+    /// `events[i]` has seq `i + 1`.
+    events: Vec<StoredEvent>,
     checkpoint: Option<Checkpoint>,
     effects: HashMap<String, EffectRecord>,
     builds: std::collections::BTreeMap<u32, BuildJob>,
@@ -247,6 +247,31 @@ fn check_not_finished(run: &Run) -> Result<(), StoreError> {
     Ok(())
 }
 
+/// An event as kept: its payload as compact JSON text. A `serde_json::Value`
+/// object costs a B-tree node (~600 bytes) before any of its strings; a
+/// streamed run keeps hundreds of small delta events, so the text form holds
+/// a run's log in a fraction of the memory. Reads parse it back.
+#[derive(Debug)]
+struct StoredEvent {
+    kind: Box<str>,
+    at: DateTime<Utc>,
+    payload: Box<str>,
+}
+
+impl StoredEvent {
+    fn read(&self, run_id: RunId, seq: u64) -> Result<RunEvent, StoreError> {
+        let payload = serde_json::from_str(&self.payload)
+            .map_err(|e| StoreError::Corrupt(format!("event {run_id}/{seq}: {e}")))?;
+        Ok(RunEvent {
+            run_id,
+            seq,
+            kind: self.kind.to_string(),
+            at: self.at,
+            payload,
+        })
+    }
+}
+
 /// Assign seqs after the entry's last one and push the events.
 fn push_events(entry: &mut Entry, events: Vec<NewEvent>, at: DateTime<Utc>) -> Vec<RunEvent> {
     let run_id = entry.run.id;
@@ -260,7 +285,11 @@ fn push_events(entry: &mut Entry, events: Vec<NewEvent>, at: DateTime<Utc>) -> V
             at,
             payload: event.payload,
         };
-        entry.events.push(event.clone());
+        entry.events.push(StoredEvent {
+            kind: event.kind.as_str().into(),
+            at,
+            payload: event.payload.to_string().into_boxed_str(),
+        });
         persisted.push(event);
     }
     entry.run.last_seq = entry.events.len() as u64;
@@ -471,14 +500,15 @@ impl RunStore for MemoryRunStore {
             .get(&run_id)
             .ok_or(StoreError::NotFound { run_id })?;
         let start = usize::try_from(after_seq).unwrap_or(usize::MAX);
-        Ok(entry
+        entry
             .events
             .get(start..)
             .unwrap_or_default()
             .iter()
             .take(limit)
-            .cloned()
-            .collect())
+            .zip(after_seq + 1..)
+            .map(|(event, seq)| event.read(run_id, seq))
+            .collect()
     }
 
     async fn save_checkpoint(

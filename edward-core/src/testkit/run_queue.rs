@@ -202,6 +202,97 @@ pub async fn check_concurrent_claims_exclusive(queue: Arc<dyn RunQueue>) {
     ack_all(&*queue, &own).await;
 }
 
+/// `claim_many` hands out at most `max` leases per call, oldest first, each
+/// job once and every lease with its own fence; four concurrent batch
+/// claimers never share a job.
+pub async fn check_claim_many(queue: Arc<dyn RunQueue>) {
+    let runs: Vec<RunId> = (0..7).map(|_| RunId::new()).collect();
+    let mine = ids(&runs);
+    enqueue_all(&*queue, &runs).await;
+    let who = owner("batch");
+    assert!(
+        within("claim_many 0", queue.claim_many(&who, LEASE, 0))
+            .await
+            .expect("claim_many")
+            .is_empty(),
+        "max 0 claims nothing"
+    );
+    let mut own = Vec::new();
+    let mut foreign = Vec::new();
+    for _ in 0..MAX_CLAIMS {
+        let got = within("claim_many", queue.claim_many(&who, LEASE, 3))
+            .await
+            .expect("claim_many");
+        assert!(got.len() <= 3, "at most max leases, got {}", got.len());
+        if got.is_empty() {
+            break;
+        }
+        for lease in got {
+            assert_eq!(lease.owner, who);
+            if mine.contains(&lease.run_id) {
+                own.push(lease);
+            } else {
+                foreign.push(lease);
+            }
+        }
+    }
+    release_foreign(&*queue, foreign).await;
+    let order: Vec<RunId> = own.iter().map(|l| l.run_id).collect();
+    assert_eq!(order, runs, "oldest first, each job once");
+    let fences: HashSet<_> = own.iter().map(|l| l.fence).collect();
+    assert_eq!(fences.len(), own.len(), "every lease has its own fence");
+    assert!(
+        own.iter()
+            .all(|l| l.attempt == 1 && l.expires_at > Utc::now())
+    );
+    ack_all(&*queue, &own).await;
+
+    const JOBS: usize = 12;
+    let runs: Vec<RunId> = (0..JOBS).map(|_| RunId::new()).collect();
+    let mine = ids(&runs);
+    enqueue_all(&*queue, &runs).await;
+    let mut tasks = Vec::new();
+    for i in 0..4 {
+        let queue = Arc::clone(&queue);
+        tasks.push(tokio::spawn(async move {
+            let worker = format!("batch-claimer-{i}");
+            let mut got = Vec::new();
+            for _ in 0..MAX_CLAIMS {
+                match queue.claim_many(&worker, LEASE, 4).await {
+                    Ok(leases) if leases.is_empty() => break,
+                    Ok(leases) => got.extend(leases),
+                    Err(e) => panic!("claim_many failed: {e}"),
+                }
+            }
+            got
+        }));
+    }
+    let mut own = Vec::new();
+    let mut foreign = Vec::new();
+    for task in tasks {
+        for lease in within("a batch claimer", task).await.expect("claim task") {
+            if mine.contains(&lease.run_id) {
+                own.push(lease);
+            } else {
+                foreign.push(lease);
+            }
+        }
+    }
+    release_foreign(&*queue, foreign).await;
+    let mut count: HashMap<RunId, usize> = HashMap::new();
+    for lease in &own {
+        *count.entry(lease.run_id).or_default() += 1;
+    }
+    for run in &runs {
+        assert_eq!(
+            count.get(run),
+            Some(&1),
+            "job {run} must be leased exactly once"
+        );
+    }
+    ack_all(&*queue, &own).await;
+}
+
 /// A heartbeat extends the lease (same fence and attempt): the job stays
 /// unclaimable past the original expiry.
 pub async fn check_heartbeat_extends<Q: RunQueue + ?Sized>(queue: &Q) {
@@ -446,6 +537,7 @@ pub async fn run_all(queue: Arc<dyn RunQueue>) {
     check_claim_order(&*queue).await;
     check_claim_skips_leased(&*queue).await;
     check_concurrent_claims_exclusive(Arc::clone(&queue)).await;
+    check_claim_many(Arc::clone(&queue)).await;
     check_heartbeat_extends(&*queue).await;
     check_expired_lease_reclaimed(&*queue).await;
     check_same_owner_reclaim_needs_new_fence(&*queue).await;

@@ -3,7 +3,9 @@
 //! One shared [`PgListener`] connection per notifier listens on two
 //! channels — `{prefix}_events` (payload `run_id:seq`) and
 //! `{prefix}_cancels` (payload `run_id`) — and fans notifications out to
-//! subscribers through tokio broadcast channels. If the connection drops,
+//! subscribers: event hints through one channel per run (an in-process
+//! [`MemoryNotifier`], so a hint wakes only that run's tailers, never all of
+//! them), cancels through one broadcast channel. If the connection drops,
 //! the listener reconnects and re-listens; notifications sent meanwhile are
 //! lost, which is fine because they are hints (tailers re-read the store and
 //! the engine also polls slowly).
@@ -12,6 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use edward_core::memory::MemoryNotifier;
 use edward_core::{InfraError, Notifier, RunId};
 use futures::StreamExt;
 use futures::stream::BoxStream;
@@ -36,7 +39,7 @@ struct Inner {
     pool: PgPool,
     events_channel: String,
     cancels_channel: String,
-    events: broadcast::Sender<(RunId, u64)>,
+    events: Arc<MemoryNotifier>,
     cancels: broadcast::Sender<RunId>,
     _stop: DropGuard,
 }
@@ -77,7 +80,7 @@ impl PgNotifier {
             .listen_all([events_channel.as_str(), cancels_channel.as_str()])
             .await
             .map_err(ConnectError::Connect)?;
-        let (events, _) = broadcast::channel(FANOUT_CAPACITY);
+        let events = Arc::new(MemoryNotifier::new());
         let (cancels, _) = broadcast::channel(FANOUT_CAPACITY);
         let stop = CancellationToken::new();
         tokio::spawn(listen_loop(
@@ -103,7 +106,7 @@ impl PgNotifier {
 async fn listen_loop(
     mut listener: PgListener,
     events_channel: String,
-    events: broadcast::Sender<(RunId, u64)>,
+    events: Arc<MemoryNotifier>,
     cancels: broadcast::Sender<RunId>,
     stop: CancellationToken,
 ) {
@@ -120,7 +123,7 @@ async fn listen_loop(
                 if notification.channel() == events_channel {
                     match parse_event_hint(payload) {
                         // No receivers is fine: nobody is tailing that run.
-                        Some(hint) => drop(events.send(hint)),
+                        Some((run_id, seq)) => drop(events.notify_events(run_id, seq).await),
                         None => tracing::warn!(payload, "malformed event notification"),
                     }
                 } else {
@@ -161,10 +164,7 @@ impl Notifier for PgNotifier {
     }
 
     async fn subscribe_events(&self, run_id: RunId) -> Result<BoxStream<'static, u64>, InfraError> {
-        let rx = self.inner.events.subscribe();
-        Ok(broadcast_stream(rx)
-            .filter_map(move |(id, seq)| async move { (id == run_id).then_some(seq) })
-            .boxed())
+        self.inner.events.subscribe_events(run_id).await
     }
 
     async fn notify_cancel(&self, run_id: RunId) -> Result<(), InfraError> {

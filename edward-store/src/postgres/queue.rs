@@ -96,6 +96,49 @@ impl RunQueue for PgQueue {
         Ok(lease)
     }
 
+    /// Up to `max` jobs in one statement (one round trip, one commit).
+    #[tracing::instrument(level = "debug", skip(self))]
+    async fn claim_many(
+        &self,
+        owner: &str,
+        lease_for: Duration,
+        max: usize,
+    ) -> Result<Vec<Lease>, QueueError> {
+        if max == 0 {
+            return Ok(Vec::new());
+        }
+        let rows = sqlx::query(
+            "WITH next AS ( \
+               SELECT run_id FROM edward_queue \
+               WHERE dead_lettered_at IS NULL AND run_at <= now() \
+                 AND (owner IS NULL OR lease_expires_at <= now()) \
+               ORDER BY run_at, seq LIMIT $3 FOR UPDATE SKIP LOCKED \
+             ) \
+             UPDATE edward_queue q SET owner = $1, fence = nextval('edward_fence_seq'), \
+               attempts = q.attempts + 1, \
+               lease_expires_at = now() + $2 * interval '1 millisecond' \
+             FROM next WHERE q.run_id = next.run_id \
+             RETURNING q.run_id, q.owner, q.fence, q.attempts, q.lease_expires_at, q.run_at, q.seq",
+        )
+        .bind(owner)
+        .bind(lease_ms(lease_for) as f64)
+        .bind(i64::try_from(max).unwrap_or(i64::MAX))
+        .fetch_all(&self.pool)
+        .await
+        .map_err(queue_err)?;
+        // RETURNING has no order: oldest first, as the claims were chosen.
+        let mut claimed = rows
+            .iter()
+            .map(|row| {
+                let run_at: DateTime<Utc> = row.try_get("run_at").map_err(queue_err)?;
+                let seq: i64 = row.try_get("seq").map_err(queue_err)?;
+                Ok(((run_at, seq), lease_from_row(row)?))
+            })
+            .collect::<Result<Vec<_>, QueueError>>()?;
+        claimed.sort_by_key(|c| c.0);
+        Ok(claimed.into_iter().map(|(_, lease)| lease).collect())
+    }
+
     async fn heartbeat(&self, lease: &Lease, lease_for: Duration) -> Result<Lease, QueueError> {
         let row = sqlx::query(
             "UPDATE edward_queue SET lease_expires_at = now() + $4 * interval '1 millisecond' \
