@@ -14,28 +14,33 @@ use crate::{
     Run, RunFilter, RunId, RunStatus, RunStore, Sandbox, SandboxError, SandboxPath, StoreError,
 };
 
-/// The oldest-blocking earlier run of `run`'s chat that is still active
-/// (queued or running): `run` must not start before it ends. Runs of one
-/// chat share a workspace, so they never overlap; they go in run id
+/// The run `run` must wait for before it starts, if any: an earlier run of
+/// its chat still queued, or any run of its chat running. Runs of one chat
+/// share a workspace, so they never overlap; queued runs go in run id
 /// (submission) order.
+///
+/// Checked in lifecycle order — queued first, then running — so a run
+/// moving from queued to running between the two reads is still seen.
 pub(crate) async fn blocked_by(
     store: &dyn RunStore,
     run: &Run,
 ) -> Result<Option<RunId>, StoreError> {
-    for status in [RunStatus::Running, RunStatus::Queued] {
-        let older = store
-            .list_user_runs(
-                &run.user_id,
-                &RunFilter::new().chat(run.chat_id.clone()).status(status),
-                Some(run.id),
-                1,
-            )
-            .await?;
-        if let Some(other) = older.first() {
-            return Ok(Some(other.id));
-        }
+    let chat = || RunFilter::new().chat(run.chat_id.clone());
+    let older_queued = store
+        .list_user_runs(
+            &run.user_id,
+            &chat().status(RunStatus::Queued),
+            Some(run.id),
+            1,
+        )
+        .await?;
+    if let Some(other) = older_queued.first() {
+        return Ok(Some(other.id));
     }
-    Ok(None)
+    let running = store
+        .list_user_runs(&run.user_id, &chat().status(RunStatus::Running), None, 2)
+        .await?;
+    Ok(running.iter().map(|r| r.id).find(|id| *id != run.id))
 }
 
 /// The framework the chat's history recorded last (an `<edward_install>`
