@@ -594,7 +594,12 @@ async fn rotation_wrong_master_key_and_revocation() {
 
     // A run cancelled while between workers, whose credential is gone by
     // the time a worker claims it, ends `cancelled` (the cancel is honoured
-    // before the route is resolved), not `failed`.
+    // before the route is resolved), not `failed`. No worker runs while it
+    // is set up, so none can claim it early.
+    for (st, h) in [(stop, w), (stop3, w3)] {
+        st.cancel();
+        h.await.unwrap();
+    }
     let carol = s
         .registry
         .put_credential(cred("carol", "mine", BOB_KEY))
@@ -615,12 +620,11 @@ async fn rotation_wrong_master_key_and_revocation() {
             .await
             .unwrap();
     }
+    let (stop4, w4) = worker(&s.engine, |c| c);
     let t = terminal(&collect(&s.engine, id).await);
     assert_eq!(t["status"], "cancelled", "{t}");
-    for (st, h) in [(stop, w), (stop3, w3)] {
-        st.cancel();
-        h.await.unwrap();
-    }
+    stop4.cancel();
+    w4.await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
