@@ -172,7 +172,13 @@ async fn a_failed_turn_leaves_nothing_pending() {
     let run = h.engine.get(id).await.unwrap().unwrap();
     let key = edward::core::engine::Engine::sandbox_key(&run);
     let far = Utc::now() + chrono::TimeDelta::hours(1);
-    let due = h.backends.write_buffer.due(far, 10_000).await.unwrap();
+    // The discard follows the terminal event on the worker: bounded wait.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let mut due = h.backends.write_buffer.due(far, 10_000).await.unwrap();
+    while due.contains(&key) && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        due = h.backends.write_buffer.due(far, 10_000).await.unwrap();
+    }
     assert!(!due.contains(&key), "the failed run's writes are still due");
     assert!(h.backends.write_buffer.take(&key).await.unwrap().is_empty());
     h.shutdown().await;
