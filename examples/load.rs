@@ -58,6 +58,10 @@ struct Cli {
     /// only submits and tails. RSS and CPU are summed over all processes.
     #[arg(long, default_value_t = 0)]
     workers: usize,
+    /// Also print chunk→client latency per 2 seconds of the run (stderr):
+    /// where in the run the slow chunks are.
+    #[arg(long)]
+    timeline: bool,
     /// Internal: be one of those worker processes (run a worker until killed).
     #[arg(long, hide = true)]
     worker_only: bool,
@@ -184,6 +188,26 @@ fn proc_cpu_ms(pid: u32) -> Result<f64, Box<dyn std::error::Error>> {
     Ok((ticks(11) + ticks(12)) * 1000.0 / hz.max(1.0))
 }
 
+/// Latency percentiles per 2 s of receive time, on stderr.
+fn print_timeline(samples: Vec<(i64, f64)>) {
+    let mut buckets: std::collections::BTreeMap<i64, Vec<f64>> = Default::default();
+    for (bucket, latency) in samples {
+        buckets.entry(bucket).or_default().push(latency);
+    }
+    let first = buckets.keys().next().copied().unwrap_or(0);
+    for (bucket, mut v) in buckets {
+        v.sort_by(f64::total_cmp);
+        eprintln!(
+            "t={:>3} s  chunks {:>6}  p50 {:>5.0} ms  p99 {:>5.0} ms  max {:>5.0} ms",
+            (bucket - first) * 2,
+            v.len(),
+            percentile(&v, 0.5),
+            percentile(&v, 0.99),
+            v.last().copied().unwrap_or(0.0)
+        );
+    }
+}
+
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
@@ -289,17 +313,22 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // `--clients` submitters at once, as that many clients of a server would.
     let clients = Arc::new(tokio::sync::Semaphore::new(cli.clients.max(1)));
     let submitted_all = Arc::new(std::sync::Mutex::new(Duration::ZERO));
+    // Chats of their own: a database kept from an earlier invocation holds
+    // chats of the same names, whose history would make these runs
+    // follow-ups (and the paced model answers a follow-up with nothing).
+    let invocation = now_us();
     for i in 0..n {
         let engine = engine.clone();
         let (active, peak, events_total) = (active.clone(), peak.clone(), events_total.clone());
         let (clients, submitted_all) = (clients.clone(), submitted_all.clone());
+        let timeline = cli.timeline;
         tailers.push(tokio::spawn(async move {
             let id = {
                 let _client = clients.acquire().await.map_err(|e| e.to_string())?;
                 engine
                     .submit(RunRequest::new(
                         "load",
-                        format!("chat-{i}"),
+                        format!("load-{invocation:x}-{i}"),
                         "stream a file",
                     ))
                     .await
@@ -311,6 +340,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 *all = (*all).max(started.elapsed());
             }
             let mut latencies = Vec::new();
+            let mut buckets: Vec<(i64, f64)> = Vec::new();
             let mut start_ms = None;
             let mut status = String::new();
             let mut partial = String::new();
@@ -331,6 +361,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                             let line: String = partial.drain(..=nl).collect();
                             if let Ok(sent) = line.trim_end_matches(['.', '\n']).parse::<i64>() {
                                 latencies.push((received - sent) as f64 / 1000.0);
+                                if timeline {
+                                    buckets.push((
+                                        received / 2_000_000,
+                                        (received - sent) as f64 / 1000.0,
+                                    ));
+                                }
                             }
                         }
                     }
@@ -343,14 +379,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                     _ => {}
                 }
             }
-            Ok::<_, String>((latencies, start_ms, status))
+            Ok::<_, String>((latencies, start_ms, status, buckets))
         }));
     }
     let mut latencies = Vec::new();
     let mut starts = Vec::new();
     let mut completed = 0;
+    let mut timeline = Vec::new();
     for t in tailers {
-        let (l, s, status) = t.await??;
+        let (l, s, status, b) = t.await??;
+        timeline.extend(b);
         latencies.extend(l);
         starts.extend(s);
         if status == "Completed" {
@@ -372,6 +410,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         child.wait()?;
     }
 
+    if cli.timeline {
+        print_timeline(timeline);
+    }
     latencies.sort_by(f64::total_cmp);
     starts.sort_by(f64::total_cmp);
     let rss_kb = peak_rss_kb() + children_rss_kb;
@@ -407,6 +448,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     if completed != n {
         return Err(format!("{} of {n} runs did not complete", n - completed).into());
+    }
+    if latencies.is_empty() {
+        return Err("no file chunk reached a tailer: the row above measures nothing".into());
     }
     Ok(())
 }

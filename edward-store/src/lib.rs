@@ -31,6 +31,8 @@ mod common;
 mod error;
 #[cfg(feature = "postgres")]
 mod postgres;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod recent;
 #[cfg(feature = "redis")]
 mod redis;
 #[cfg(feature = "sqlite")]

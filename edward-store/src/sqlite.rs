@@ -44,7 +44,6 @@ use crate::error::{ConnectError, corrupt, queue_err, store_err};
 
 mod chats;
 mod credentials;
-mod recent;
 mod writer;
 
 use writer::{Writer, WriterPool, writer_pool};
@@ -70,7 +69,7 @@ pub struct SqliteStore {
     /// The group-commit writer task every write goes through.
     jobs: Writer,
     /// Events this process appended lately, for its own tailers.
-    recent: Arc<recent::Recent>,
+    recent: Arc<crate::recent::Recent>,
     reader: SqlitePool,
     in_memory: bool,
 }

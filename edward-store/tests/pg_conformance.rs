@@ -207,3 +207,81 @@ async fn stale_worker_racing_takeover_keeps_log_gap_free() {
     assert!(events[first_new..].iter().all(|e| e.kind == "new"));
     cleanup(&*store, &[run.id]).await;
 }
+
+/// Group commit: appends of many runs made at once share ticks, and a run
+/// whose append is refused (stale fence) or whose events make the tick's
+/// statement fail (a NUL byte in a kind, which Postgres text refuses) gets
+/// its own error while every other run's append commits, gap-free, in the
+/// order each run made them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn group_commit_isolates_refused_and_failing_appends() {
+    use edward_core::testkit::run_store::{admit_fresh, all_events, cleanup, event};
+    use edward_core::{Fence, NewEvent, StoreError};
+    let store = Arc::new(pg_store().await);
+    let mut runs = Vec::new();
+    for _ in 0..40 {
+        let run = admit_fresh(&*store).await;
+        store.start_run(run.id, Fence(1)).await.expect("start");
+        runs.push(run.id);
+    }
+    let (stale, failing) = (runs[0], runs[1]);
+    store.start_run(stale, Fence(2)).await.expect("take over");
+    let rounds = 25u64;
+    let start = Arc::new(tokio::sync::Barrier::new(runs.len()));
+    let mut tasks = Vec::new();
+    for &run_id in &runs {
+        let (store, start) = (Arc::clone(&store), Arc::clone(&start));
+        tasks.push(tokio::spawn(async move {
+            start.wait().await;
+            let mut results = Vec::new();
+            for i in 0..rounds {
+                let events = if run_id == failing && i % 5 == 2 {
+                    vec![NewEvent::new("bad\0kind", serde_json::json!({}))]
+                } else {
+                    vec![event("a", i), event("b", i)]
+                };
+                results.push(store.append_events(run_id, Fence(1), events).await);
+            }
+            (run_id, results)
+        }));
+    }
+    for task in tasks {
+        let (run_id, results) = task.await.expect("task");
+        for (i, result) in results.into_iter().enumerate() {
+            match result {
+                _ if run_id == stale => assert!(
+                    matches!(result, Err(StoreError::StaleFence { .. })),
+                    "stale fence: {result:?}"
+                ),
+                Err(e) if run_id == failing && i % 5 == 2 => {
+                    assert!(!e.to_string().is_empty());
+                }
+                Ok(events) => {
+                    let seqs: Vec<u64> = events.iter().map(|e| e.seq).collect();
+                    assert_eq!(seqs.len(), 2, "run {run_id} round {i}");
+                    assert_eq!(seqs[1], seqs[0] + 1);
+                }
+                Err(e) => panic!("run {run_id} round {i}: {e}"),
+            }
+        }
+        let events = all_events(&*store, run_id).await;
+        let good_rounds = if run_id == stale {
+            0
+        } else if run_id == failing {
+            rounds - rounds / 5
+        } else {
+            rounds
+        };
+        // Seq 1 is admission's `run_queued`.
+        assert_eq!(events.len() as u64, 1 + 2 * good_rounds, "run {run_id}");
+        let mut expected = (0..rounds)
+            .filter(|i| run_id != failing || i % 5 != 2)
+            .flat_map(|i| [("a", i), ("b", i)]);
+        for (k, e) in events.iter().enumerate().skip(1) {
+            assert_eq!(e.seq, k as u64 + 1, "gap-free");
+            let (kind, n) = expected.next().expect("expected event");
+            assert_eq!((e.kind.as_str(), e.payload["n"].as_u64()), (kind, Some(n)));
+        }
+    }
+    cleanup(&*store, &runs).await;
+}

@@ -5,6 +5,7 @@
 //! All times come from the database (`now()`), so worker clock skew does not
 //! matter for leases and backoff.
 
+mod appender;
 mod chats;
 mod credentials;
 mod lock;

@@ -9,7 +9,14 @@
 //! the listener reconnects and re-listens; notifications sent meanwhile are
 //! lost, which is fine because they are hints (tailers re-read the store and
 //! the engine also polls slowly).
+//!
+//! Event hints reach this process's own subscribers at once (no round trip
+//! through the server), and go to other processes through one sender task
+//! that coalesces what is waiting — the newest seq per run — into one
+//! `pg_notify` statement. Each hint carries this notifier's origin tag, so
+//! the listener skips its own hints when they come back.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,13 +26,16 @@ use edward_core::{InfraError, Notifier, RunId};
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use sqlx::postgres::{PgListener, PgPool, PgPoolOptions};
-use tokio::sync::broadcast;
+use tokio::sync::{broadcast, mpsc};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::common::broadcast_stream;
 use crate::error::{ConnectError, infra_err};
 
 const FANOUT_CAPACITY: usize = 1024;
+
+/// Hints sent in one `pg_notify` statement at most.
+const MAX_HINTS_PER_STATEMENT: usize = 1024;
 
 /// Postgres [`Notifier`]. Cloning is cheap; the listener task stops when the
 /// last clone is dropped.
@@ -37,10 +47,11 @@ pub struct PgNotifier {
 #[derive(Debug)]
 struct Inner {
     pool: PgPool,
-    events_channel: String,
     cancels_channel: String,
     events: Arc<MemoryNotifier>,
     cancels: broadcast::Sender<RunId>,
+    /// Hints for other processes, to the sender task.
+    outgoing: mpsc::UnboundedSender<(RunId, u64)>,
     _stop: DropGuard,
 }
 
@@ -83,29 +94,83 @@ impl PgNotifier {
         let events = Arc::new(MemoryNotifier::new());
         let (cancels, _) = broadcast::channel(FANOUT_CAPACITY);
         let stop = CancellationToken::new();
+        let origin = uuid::Uuid::new_v4().simple().to_string();
         tokio::spawn(listen_loop(
             listener,
-            events_channel.clone(),
+            Channel {
+                name: events_channel.clone(),
+                origin: origin.clone(),
+            },
             events.clone(),
             cancels.clone(),
             stop.clone(),
         ));
+        let (outgoing, hints) = mpsc::unbounded_channel();
+        // Its own connection: hints must not wait behind a busy shared pool.
+        let sender = PgPoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(pool.options().get_acquire_timeout())
+            .connect_lazy_with((*pool.connect_options()).clone());
+        tokio::spawn(send_loop(
+            sender,
+            Channel {
+                name: events_channel,
+                origin,
+            },
+            hints,
+        ));
         Ok(PgNotifier {
             inner: Arc::new(Inner {
                 pool,
-                events_channel,
                 cancels_channel,
                 events,
                 cancels,
+                outgoing,
                 _stop: stop.drop_guard(),
             }),
         })
     }
 }
 
+/// The events channel and this notifier's tag on it.
+struct Channel {
+    name: String,
+    origin: String,
+}
+
+/// Send the waiting hints — the newest seq per run — in one statement, until
+/// every notifier handle is dropped.
+async fn send_loop(
+    pool: PgPool,
+    channel: Channel,
+    mut hints: mpsc::UnboundedReceiver<(RunId, u64)>,
+) {
+    let mut newest: HashMap<RunId, u64> = HashMap::new();
+    while let Some((run_id, seq)) = hints.recv().await {
+        newest.insert(run_id, seq);
+        while newest.len() < MAX_HINTS_PER_STATEMENT {
+            let Ok((run_id, seq)) = hints.try_recv() else {
+                break;
+            };
+            let kept = newest.entry(run_id).or_insert(seq);
+            *kept = (*kept).max(seq);
+        }
+        let payloads = hint_payloads(&channel.origin, newest.drain());
+        if let Err(error) = sqlx::query("SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p")
+            .bind(&channel.name)
+            .bind(&payloads)
+            .execute(&pool)
+            .await
+        {
+            // Hints: other processes' tailers poll and catch up.
+            tracing::warn!(%error, hints = payloads.len(), "pg_notify of event hints failed");
+        }
+    }
+}
+
 async fn listen_loop(
     mut listener: PgListener,
-    events_channel: String,
+    events_channel: Channel,
     events: Arc<MemoryNotifier>,
     cancels: broadcast::Sender<RunId>,
     stop: CancellationToken,
@@ -120,10 +185,16 @@ async fn listen_loop(
             Ok(notification) => {
                 backoff = Duration::from_millis(50);
                 let payload = notification.payload();
-                if notification.channel() == events_channel {
-                    match parse_event_hint(payload) {
-                        // No receivers is fine: nobody is tailing that run.
-                        Some((run_id, seq)) => drop(events.notify_events(run_id, seq).await),
+                if notification.channel() == events_channel.name {
+                    match parse_event_hints(payload) {
+                        // Our own hints, already delivered here when sent.
+                        Some((Some(origin), _)) if origin == events_channel.origin => {}
+                        Some((_, hints)) => {
+                            for (run_id, seq) in hints {
+                                // No receivers is fine: nobody tails that run.
+                                drop(events.notify_events(run_id, seq).await);
+                            }
+                        }
                         None => tracing::warn!(payload, "malformed event notification"),
                     }
                 } else {
@@ -146,20 +217,64 @@ async fn listen_loop(
     }
 }
 
-fn parse_event_hint(payload: &str) -> Option<(RunId, u64)> {
-    let (run, seq) = payload.rsplit_once(':')?;
-    Some((run.parse().ok()?, seq.parse().ok()?))
+/// One event hint: the run and its newest seq.
+type Hint = (RunId, u64);
+
+/// Hints packed into as few notifications as fit: `origin/run_id:seq,…`,
+/// each under Postgres' 8,000-byte payload limit (one notification per
+/// hint was one message per hint for every listening process to read).
+fn hint_payloads(origin: &str, hints: impl Iterator<Item = (RunId, u64)>) -> Vec<String> {
+    const MAX_PAYLOAD: usize = 7_900;
+    let mut payloads = Vec::new();
+    let mut payload = String::new();
+    for (run_id, seq) in hints {
+        let hint = format!("{run_id}:{seq}");
+        if !payload.is_empty() && payload.len() + 1 + hint.len() > MAX_PAYLOAD {
+            payloads.push(std::mem::take(&mut payload));
+        }
+        if payload.is_empty() {
+            payload.push_str(origin);
+            payload.push('/');
+        } else {
+            payload.push(',');
+        }
+        payload.push_str(&hint);
+    }
+    if !payload.is_empty() {
+        payloads.push(payload);
+    }
+    payloads
+}
+
+/// `origin/run_id:seq,run_id:seq…` (or one `run_id:seq`, from a sender
+/// without a tag): the origin and the hints, or `None` if any is malformed.
+fn parse_event_hints(payload: &str) -> Option<(Option<&str>, Vec<Hint>)> {
+    let (origin, hints) = match payload.split_once('/') {
+        Some((origin, hints)) => (Some(origin), hints),
+        None => (None, payload),
+    };
+    let hints = hints
+        .split(',')
+        .map(|hint| {
+            let (run, seq) = hint.rsplit_once(':')?;
+            Some((run.parse().ok()?, seq.parse().ok()?))
+        })
+        .collect::<Option<Vec<_>>>()?;
+    Some((origin, hints))
 }
 
 #[async_trait]
 impl Notifier for PgNotifier {
     async fn notify_events(&self, run_id: RunId, last_seq: u64) -> Result<(), InfraError> {
-        sqlx::query("SELECT pg_notify($1, $2)")
-            .bind(&self.inner.events_channel)
-            .bind(format!("{run_id}:{last_seq}"))
-            .execute(&self.inner.pool)
-            .await
-            .map_err(infra_err)?;
+        // No receivers here is fine: nobody in this process tails that run.
+        drop(self.inner.events.notify_events(run_id, last_seq).await);
+        self.inner
+            .outgoing
+            .send((run_id, last_seq))
+            .map_err(|_| InfraError::Backend {
+                message: "postgres hint sender stopped".into(),
+                retryable: false,
+            })?;
         Ok(())
     }
 
@@ -187,10 +302,26 @@ mod tests {
     use super::*;
 
     #[test]
-    fn event_hint_round_trips() {
+    fn event_hints_round_trip() {
         let id = RunId::new();
-        assert_eq!(parse_event_hint(&format!("{id}:42")), Some((id, 42)));
-        assert_eq!(parse_event_hint("nonsense"), None);
-        assert_eq!(parse_event_hint(&format!("{id}:x")), None);
+        assert_eq!(
+            parse_event_hints(&format!("{id}:42")),
+            Some((None, vec![(id, 42)]))
+        );
+        assert_eq!(parse_event_hints("nonsense"), None);
+        assert_eq!(parse_event_hints(&format!("{id}:x")), None);
+        assert_eq!(parse_event_hints(&format!("o/{id}:1,bad")), None);
+        let hints: Vec<(RunId, u64)> = (0..500).map(|i| (RunId::new(), i)).collect();
+        let payloads = hint_payloads("abc", hints.iter().copied());
+        assert!(payloads.len() > 1, "500 hints do not fit one payload");
+        let mut back = Vec::new();
+        for payload in &payloads {
+            assert!(payload.len() < 8_000, "{}", payload.len());
+            let (origin, got) = parse_event_hints(payload).expect("parses");
+            assert_eq!(origin, Some("abc"));
+            back.extend(got);
+        }
+        assert_eq!(back, hints);
+        assert!(hint_payloads("abc", std::iter::empty()).is_empty());
     }
 }

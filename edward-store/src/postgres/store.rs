@@ -3,15 +3,20 @@
 //!
 //! # Admission without a global lock
 //!
-//! `admit` runs in one transaction that first takes transaction-scoped
-//! advisory locks on a hash of the user and a hash of the chat (the user's
-//! id and the chat id: another user's chat of the same id is another chat)
-//! — always in ascending key order, so two admissions can never deadlock —
-//! then counts the active runs of that user and that chat and inserts. Submits of
-//! different users and chats never wait for each other, and the per-user and
-//! per-chat limits are **exact**: a second submit for the same user waits for
-//! the first to commit, and its count (a new READ COMMITTED snapshot taken
-//! after the lock was granted) sees it.
+//! `admit` is one call of the `edward_admit` function (migration 0012), so
+//! one round trip and one implicit transaction. It first takes
+//! transaction-scoped advisory locks on a hash of the user and a hash of the
+//! chat (the user's id and the chat id: another user's chat of the same id
+//! is another chat) — always in ascending key order, so two admissions can
+//! never deadlock — then counts the active runs of that chat and that user
+//! and inserts. Submits of different users and chats never wait for each
+//! other, and the per-user and per-chat limits are **exact**: a second
+//! submit for the same user waits for the first to commit, and its counts
+//! (the function is `VOLATILE`, so each statement takes a new READ
+//! COMMITTED snapshot, after the lock was granted) see it. The locks are held
+//! only as long as the server needs: done as seven client round trips, a
+//! busy client made each admission of one user wait for the scheduling of
+//! the previous one (1,000 submits of one user took 5–27 s under load).
 //!
 //! The **global** cap is checked by counting active runs (a partial index
 //! keeps it cheap) without a global lock. It is therefore **approximate under
@@ -24,15 +29,22 @@
 //!
 //! # Event append
 //!
-//! One statement: a data-modifying CTE bumps `last_seq` by the batch size
-//! where `fence <= $given` and the run is not terminal, and the outer
-//! `INSERT … SELECT … FROM unnest(...) WITH ORDINALITY` writes all rows with
-//! the seqs that reservation produced. The row lock on the run serialises
-//! appends, and a stale worker racing `start_run` re-checks the fence on the
-//! newest row version, so seqs stay gap-free. Zero rows back is explained by
-//! a follow-up read as `NotFound`, `Finished` or `StaleFence`.
+//! Appends are group-committed (`postgres/appender.rs`): one task gathers
+//! the appends of all runs in this process that are waiting and writes up to
+//! 512 of them (one per run) in one statement — an `UPDATE … FROM unnest(…)`
+//! that bumps each run's `last_seq` by its batch size where `fence <= given`
+//! and the run is not terminal, and an `INSERT … SELECT` of all the events
+//! with the seqs that reservation produced — with up to four such
+//! statements in flight. The row lock on each run serialises its appends,
+//! a run's next append waits for its previous one, and a stale worker racing
+//! `start_run` re-checks the fence on the newest row version, so seqs stay
+//! gap-free. A run that gets no rows back is explained by a follow-up read as
+//! `NotFound`, `Finished` or `StaleFence`; a statement that fails is retried
+//! as single appends (the same reservation, one run per statement), so one
+//! bad append fails only itself. The events just appended are kept for this
+//! process's tailers (`recent.rs`), which read them without a round trip.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -46,12 +58,14 @@ use sqlx::Row;
 use sqlx::postgres::{PgPool, PgRow};
 use uuid::Uuid;
 
+use super::appender::{Appended, Appender, numbered};
 use super::{PgOptions, PgQueue, connect_pool};
 use crate::common::{
     check_append_events, check_finish, checkpoint_from_columns, diagnose, fnv1a64, json_text,
     parse_effect_state, parse_json, parse_status, to_i64, to_u64,
 };
 use crate::error::{ConnectError, corrupt, is_unique_violation, store_err};
+use crate::recent::Recent;
 
 const RUN_COLUMNS: &str = "id, user_id, chat_id, status, request::text AS request, fence, \
      last_seq, created_at, updated_at, finished_at, terminal_reason, cancel_requested_at";
@@ -67,6 +81,17 @@ const RUN_COLUMNS: &str = "id, user_id, chat_id, status, request::text AS reques
 #[derive(Debug, Clone)]
 pub struct PgStore {
     pool: PgPool,
+    shared: Arc<Shared>,
+}
+
+/// What the clones of one store share.
+#[derive(Debug, Default)]
+struct Shared {
+    /// The group-commit task, started by the first append (a store may be
+    /// built outside a runtime).
+    appender: OnceLock<Appender>,
+    /// Events this process appended lately, for its own tailers.
+    recent: Recent,
 }
 
 impl PgStore {
@@ -77,15 +102,16 @@ impl PgStore {
 
     /// Connect with `options`.
     pub async fn connect_with(url: &str, options: PgOptions) -> Result<Self, ConnectError> {
-        Ok(PgStore {
-            pool: connect_pool(url, &options).await?,
-        })
+        Ok(Self::from_pool(connect_pool(url, &options).await?))
     }
 
     /// Use an existing pool (its migrations are the caller's business; see
     /// [`crate::migrate_postgres`]).
     pub fn from_pool(pool: PgPool) -> Self {
-        PgStore { pool }
+        PgStore {
+            pool,
+            shared: Arc::default(),
+        }
     }
 
     /// The underlying pool.
@@ -109,6 +135,38 @@ impl PgStore {
     /// A [`PgQueue`] sharing this store's pool.
     pub fn queue(&self) -> PgQueue {
         PgQueue::from_pool(self.pool.clone())
+    }
+
+    /// One append in its own statement (what a group-commit tick falls back
+    /// to when its statement failed).
+    async fn append_alone(
+        &self,
+        run_id: RunId,
+        fence: Fence,
+        events: Vec<NewEvent>,
+    ) -> Result<Vec<RunEvent>, StoreError> {
+        let given = to_i64(fence.0, "fence")?;
+        let n = events.len() as i64;
+        let (kinds, payloads) = batch_columns(&events);
+        let rows = sqlx::query(&format!(
+            "WITH reserve AS ( \
+               UPDATE edward_runs SET last_seq = last_seq + $3, updated_at = now() \
+               WHERE id = $1 AND fence <= $2 AND status IN ('queued', 'running') \
+               RETURNING last_seq, updated_at \
+             ) {INSERT_RESERVED}"
+        ))
+        .bind(run_id.0)
+        .bind(given)
+        .bind(n)
+        .bind(&kinds)
+        .bind(&payloads)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(store_err)?;
+        if rows.is_empty() {
+            return Err(self.diagnose(run_id, fence, true).await);
+        }
+        persisted(run_id, rows, events)
     }
 
     async fn diagnose(&self, run_id: RunId, given: Fence, check_finished: bool) -> StoreError {
@@ -192,13 +250,6 @@ fn persisted(
     rows: Vec<PgRow>,
     events: Vec<NewEvent>,
 ) -> Result<Vec<RunEvent>, StoreError> {
-    if rows.len() != events.len() {
-        return Err(StoreError::transient(format!(
-            "run {run_id}: inserted {} of {} events",
-            rows.len(),
-            events.len()
-        )));
-    }
     let mut first: Option<(i64, DateTime<Utc>)> = None;
     for row in &rows {
         let seq: i64 = row.try_get(0).map_err(store_err)?;
@@ -207,22 +258,11 @@ fn persisted(
             first = Some((seq, at));
         }
     }
-    let Some((first_seq, at)) = first else {
-        return Ok(Vec::new());
-    };
-    events
-        .into_iter()
-        .enumerate()
-        .map(|(i, e)| {
-            Ok(RunEvent {
-                run_id,
-                seq: to_u64(first_seq + i as i64, "seq")?,
-                kind: e.kind,
-                at,
-                payload: e.payload,
-            })
-        })
-        .collect()
+    match first {
+        Some((first_seq, at)) => numbered(run_id, first_seq, at, rows.len(), events),
+        None if events.is_empty() => Ok(Vec::new()),
+        None => numbered(run_id, 0, Utc::now(), 0, events),
+    }
 }
 
 #[async_trait]
@@ -240,71 +280,23 @@ impl RunStore for PgStore {
             ]),
         ];
         keys.sort_unstable();
-        let mut tx = self.pool.begin().await.map_err(store_err)?;
-        for key in keys {
-            sqlx::query("SELECT pg_advisory_xact_lock($1)")
-                .bind(key)
-                .execute(&mut *tx)
-                .await
-                .map_err(store_err)?;
-        }
         let row = sqlx::query(
-            "SELECT EXISTS (SELECT 1 FROM edward_runs WHERE id = $1), \
-             (SELECT count(*) FROM edward_runs WHERE user_id = $3 AND chat_id = $2 \
-                AND status IN ('queued', 'running')), \
-             (SELECT count(*) FROM edward_runs WHERE user_id = $3 AND status IN ('queued', 'running')), \
-             (SELECT count(*) FROM edward_runs WHERE status IN ('queued', 'running'))",
+            "SELECT outcome, created FROM edward_admit($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
         )
-        .bind(run.id.0)
-        .bind(&run.chat_id)
-        .bind(&run.user_id)
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(store_err)?;
-        let exists: bool = row.try_get(0).map_err(store_err)?;
-        let count = |i: usize| -> Result<u32, StoreError> {
-            let n: i64 = row.try_get(i).map_err(store_err)?;
-            Ok(u32::try_from(n).unwrap_or(u32::MAX))
-        };
-        if exists {
-            return Err(StoreError::AlreadyExists { run_id: run.id }.into());
-        }
-        if count(1)? >= limits.per_chat {
-            return Err(AdmissionError::ChatLimit {
-                limit: limits.per_chat,
-            }
-            .into());
-        }
-        if count(2)? >= limits.per_user {
-            return Err(AdmissionError::UserLimit {
-                limit: limits.per_user,
-            }
-            .into());
-        }
-        if count(3)? >= limits.global {
-            return Err(AdmissionError::GlobalLimit {
-                limit: limits.global,
-            }
-            .into());
-        }
-        let inserted = sqlx::query(&format!(
-            "WITH r AS ( \
-               INSERT INTO edward_runs (id, user_id, chat_id, status, request, fence, last_seq) \
-               VALUES ($1, $2, $3, 'queued', $4::json, 0, 1) RETURNING * \
-             ), e AS ( \
-               INSERT INTO edward_run_events (run_id, seq, kind, at, payload) \
-               SELECT id, 1, $5, created_at, $6::json FROM r \
-             ) SELECT {RUN_COLUMNS} FROM r"
-        ))
         .bind(run.id.0)
         .bind(&run.user_id)
         .bind(&run.chat_id)
         .bind(json_text(&run.request))
         .bind(&run.first_event.kind)
         .bind(json_text(&run.first_event.payload))
-        .fetch_one(&mut *tx)
+        .bind(keys[0])
+        .bind(keys[1])
+        .bind(i64::from(limits.per_chat))
+        .bind(i64::from(limits.per_user))
+        .bind(i64::from(limits.global))
+        .fetch_one(&self.pool)
         .await;
-        let row = match inserted {
+        let row = match row {
             Ok(row) => row,
             // The same id submitted concurrently under another user/chat.
             Err(e) if is_unique_violation(&e) => {
@@ -312,19 +304,38 @@ impl RunStore for PgStore {
             }
             Err(e) => return Err(store_err(e).into()),
         };
-        let stored = run_from_row(&row)?;
-        // The queue is in the same database: enqueue in the admitting
-        // transaction, so a crash cannot leave the run admitted but unqueued
-        // (holding an admission slot forever). `PgQueue::enqueue` is then a no-op.
-        sqlx::query(
-            "INSERT INTO edward_queue (run_id) VALUES ($1) ON CONFLICT (run_id) DO NOTHING",
-        )
-        .bind(run.id.0)
-        .execute(&mut *tx)
-        .await
-        .map_err(store_err)?;
-        tx.commit().await.map_err(store_err)?;
-        Ok(stored)
+        let outcome: String = row.try_get(0).map_err(store_err)?;
+        let created: Option<DateTime<Utc>> = row.try_get(1).map_err(store_err)?;
+        match (outcome.as_str(), created) {
+            ("admitted", Some(at)) => Ok(Run {
+                id: run.id,
+                user_id: run.user_id,
+                chat_id: run.chat_id,
+                status: RunStatus::Queued,
+                request: run.request,
+                fence: Fence(0),
+                last_seq: 1,
+                created_at: at,
+                updated_at: at,
+                finished_at: None,
+                terminal_reason: None,
+                cancel_requested_at: None,
+            }),
+            ("exists", _) => Err(StoreError::AlreadyExists { run_id: run.id }.into()),
+            ("chat", _) => Err(AdmissionError::ChatLimit {
+                limit: limits.per_chat,
+            }
+            .into()),
+            ("user", _) => Err(AdmissionError::UserLimit {
+                limit: limits.per_user,
+            }
+            .into()),
+            ("global", _) => Err(AdmissionError::GlobalLimit {
+                limit: limits.global,
+            }
+            .into()),
+            (other, _) => Err(corrupt(format!("edward_admit answered `{other}`")).into()),
+        }
     }
 
     async fn get_run(&self, run_id: RunId) -> Result<Option<Run>, StoreError> {
@@ -381,27 +392,21 @@ impl RunStore for PgStore {
                 None => Err(self.diagnose(run_id, fence, true).await),
             };
         }
-        let n = events.len() as i64;
-        let (kinds, payloads) = batch_columns(&events);
-        let rows = sqlx::query(&format!(
-            "WITH reserve AS ( \
-               UPDATE edward_runs SET last_seq = last_seq + $3, updated_at = now() \
-               WHERE id = $1 AND fence <= $2 AND status IN ('queued', 'running') \
-               RETURNING last_seq, updated_at \
-             ) {INSERT_RESERVED}"
-        ))
-        .bind(run_id.0)
-        .bind(given)
-        .bind(n)
-        .bind(&kinds)
-        .bind(&payloads)
-        .fetch_all(&self.pool)
-        .await
-        .map_err(store_err)?;
-        if rows.is_empty() {
-            return Err(self.diagnose(run_id, fence, true).await);
+        let appender = self
+            .shared
+            .appender
+            .get_or_init(|| Appender::spawn(self.pool.clone()));
+        let appended = match appender.append(run_id, given, events).await? {
+            Appended::Done(events) => Ok(events),
+            Appended::Failed(e) => Err(e),
+            Appended::Refused => Err(self.diagnose(run_id, fence, true).await),
+            Appended::Retry(events) => self.append_alone(run_id, fence, events).await,
+        };
+        match &appended {
+            Ok(events) => self.shared.recent.record(run_id, events),
+            Err(_) => self.shared.recent.forget(run_id),
         }
-        persisted(run_id, rows, events)
+        appended
     }
 
     #[tracing::instrument(level = "debug", skip(self, events), fields(run_id = %run_id, status = %status))]
@@ -444,6 +449,7 @@ impl RunStore for PgStore {
         .map_err(store_err)?;
         let out = persisted(run_id, rows, events)?;
         tx.commit().await.map_err(store_err)?;
+        self.shared.recent.forget(run_id);
         Ok(out)
     }
 
@@ -453,6 +459,9 @@ impl RunStore for PgStore {
         after_seq: u64,
         limit: usize,
     ) -> Result<Vec<RunEvent>, StoreError> {
+        if let Some(events) = self.shared.recent.after(run_id, after_seq, limit) {
+            return Ok(events);
+        }
         let after = i64::try_from(after_seq).unwrap_or(i64::MAX);
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let rows = sqlx::query(
@@ -637,6 +646,7 @@ impl RunStore for PgStore {
         .map_err(store_err)?;
         let run = run_from_row(&row)?;
         tx.commit().await.map_err(store_err)?;
+        self.shared.recent.forget(run_id);
         Ok(run)
     }
 
