@@ -242,6 +242,14 @@ async fn backend(cli: &Cli, dir: &std::path::Path) -> Result<Backend, Box<dyn st
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let cli = Cli::parse();
+    // Off unless RUST_LOG asks (e.g. `edward_store=trace` prints each group commit).
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("off")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
     let dir = tempfile::tempdir()?;
     let n = cli.runs.max(1);
     let model = PacedModel {
