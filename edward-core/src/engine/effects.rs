@@ -358,8 +358,16 @@ impl FlushRegistry {
         self.lock().get(key).cloned()
     }
 
-    fn all(&self) -> Vec<Arc<FlushTarget>> {
-        self.lock().values().cloned().collect()
+    /// The targets whose own puts are due at `now`. Filtered under the lock:
+    /// a scheduler tick clones only those, not every run's target (a
+    /// thousand runs would cost a thousand reference counts and a large
+    /// allocation 40 times a second).
+    fn locally_due(&self, now: tokio::time::Instant) -> Vec<Arc<FlushTarget>> {
+        self.lock()
+            .values()
+            .filter(|t| t.locally_due(now))
+            .cloned()
+            .collect()
     }
 }
 
@@ -400,11 +408,7 @@ pub(crate) async fn flush_scheduler(
         // This worker's own targets first: keys other workers (or runs that
         // ended elsewhere) left in a shared due index can never crowd them out.
         let now = tokio::time::Instant::now();
-        let mut targets: Vec<Arc<FlushTarget>> = registry
-            .all()
-            .into_iter()
-            .filter(|t| t.locally_due(now))
-            .collect();
+        let mut targets: Vec<Arc<FlushTarget>> = registry.locally_due(now);
         match buffer.due(Utc::now(), 256).await {
             Ok(due) => {
                 for t in due.iter().filter_map(|k| registry.get(k)) {

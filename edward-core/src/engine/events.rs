@@ -442,8 +442,30 @@ impl EngineEvent {
 
     /// Split into the store's form: `kind` plus the other fields as payload.
     pub fn into_new_event(self) -> NewEvent {
+        self.to_new_event()
+    }
+
+    /// [`EngineEvent::into_new_event`] by reference (serialising needs no
+    /// ownership), for a batch kept until its append succeeded.
+    pub(crate) fn to_new_event(&self) -> NewEvent {
         let kind = self.kind();
-        let mut value = serde_json::to_value(&self).unwrap_or(serde_json::Value::Null);
+        // Content deltas, most of a run's events, are built directly: the
+        // same object serde makes, without a `type` entry added and removed.
+        let string = |s: &String| serde_json::Value::String(s.clone());
+        let fields = match self {
+            EngineEvent::TextDelta { content } | EngineEvent::ThinkingDelta { content } => {
+                Some(vec![("content", string(content))])
+            }
+            EngineEvent::FileDelta { path, content } => {
+                Some(vec![("path", string(path)), ("content", string(content))])
+            }
+            _ => None,
+        };
+        if let Some(fields) = fields {
+            let map = fields.into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
+            return NewEvent::new(kind, serde_json::Value::Object(map));
+        }
+        let mut value = serde_json::to_value(self).unwrap_or(serde_json::Value::Null);
         if let Some(obj) = value.as_object_mut() {
             obj.remove("type");
         }
@@ -455,9 +477,41 @@ impl EngineEvent {
 
     /// Parse a stored event back (`None` for kinds this version does not know).
     pub fn from_stored(kind: &str, payload: &serde_json::Value) -> Option<EngineEvent> {
-        let mut obj = payload.as_object().cloned().unwrap_or_default();
-        obj.insert("type".into(), serde_json::Value::String(kind.to_string()));
-        serde_json::from_value(serde_json::Value::Object(obj)).ok()
+        Self::decode_stored(kind, payload).ok()
+    }
+
+    /// Parse a stored event back: `kind` as the `type` tag, the payload's
+    /// fields (a non-object payload has none; a `type` field in it is
+    /// ignored, the stored kind wins). Read in place: the payload is not
+    /// copied into a new object with the tag added first.
+    pub(crate) fn decode_stored(
+        kind: &str,
+        payload: &serde_json::Value,
+    ) -> Result<EngineEvent, serde_json::Error> {
+        // Content deltas directly, when their fields are plain strings (the
+        // derived decoding ignores other fields too); anything else, errors
+        // included, through serde.
+        if let Some(obj) = payload.as_object() {
+            let text = |k: &str| obj.get(k).and_then(serde_json::Value::as_str);
+            let event = match (kind, text("content")) {
+                ("text_delta", Some(content)) => Some(EngineEvent::TextDelta {
+                    content: content.to_owned(),
+                }),
+                ("thinking_delta", Some(content)) => Some(EngineEvent::ThinkingDelta {
+                    content: content.to_owned(),
+                }),
+                ("file_delta", Some(content)) => text("path").map(|path| EngineEvent::FileDelta {
+                    path: path.to_owned(),
+                    content: content.to_owned(),
+                }),
+                _ => None,
+            };
+            if let Some(event) = event {
+                return Ok(event);
+            }
+        }
+        let fields = payload.as_object().map(|m| m.iter());
+        EngineEvent::deserialize(stored::Tagged { kind, fields })
     }
 
     /// Content deltas are coalesced; everything else is appended as is.
@@ -468,6 +522,16 @@ impl EngineEvent {
                 | EngineEvent::ThinkingDelta { .. }
                 | EngineEvent::FileDelta { .. }
         )
+    }
+
+    /// The content's length, for a content delta.
+    pub(crate) fn content_len(&self) -> Option<usize> {
+        match self {
+            EngineEvent::TextDelta { content }
+            | EngineEvent::ThinkingDelta { content }
+            | EngineEvent::FileDelta { content, .. } => Some(content.len()),
+            _ => None,
+        }
     }
 
     /// Approximate payload size, for batching.
@@ -520,6 +584,163 @@ impl EngineEvent {
     }
 }
 
+/// A stored event as a map deserializer: `type` first (the stored kind),
+/// then the payload's fields, each read from the stored value by reference.
+mod stored {
+    use serde::de::value::BorrowedStrDeserializer;
+    use serde::de::{DeserializeSeed, Deserializer, MapAccess, Visitor};
+    use serde_json::Value;
+
+    pub(super) struct Tagged<'a> {
+        pub(super) kind: &'a str,
+        pub(super) fields: Option<serde_json::map::Iter<'a>>,
+    }
+
+    impl<'de> Deserializer<'de> for Tagged<'de> {
+        type Error = serde_json::Error;
+
+        fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Self::Error> {
+            visitor.visit_map(Fields {
+                kind: Some(self.kind),
+                fields: self.fields,
+                value: None,
+            })
+        }
+
+        serde::forward_to_deserialize_any! {
+            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string
+            bytes byte_buf option unit unit_struct newtype_struct seq tuple
+            tuple_struct map struct enum identifier ignored_any
+        }
+    }
+
+    struct Fields<'de> {
+        /// The tag, until its key was read.
+        kind: Option<&'de str>,
+        fields: Option<serde_json::map::Iter<'de>>,
+        /// The value of the key just read (`None`: the tag's).
+        value: Option<&'de Value>,
+    }
+
+    impl<'de> MapAccess<'de> for Fields<'de> {
+        type Error = serde_json::Error;
+
+        fn next_key_seed<K: DeserializeSeed<'de>>(
+            &mut self,
+            seed: K,
+        ) -> Result<Option<K::Value>, Self::Error> {
+            if self.kind.is_some() {
+                self.value = None;
+                return seed
+                    .deserialize(BorrowedStrDeserializer::new("type"))
+                    .map(Some);
+            }
+            let Some(fields) = self.fields.as_mut() else {
+                return Ok(None);
+            };
+            for (key, value) in fields.by_ref() {
+                if key == "type" {
+                    continue;
+                }
+                self.value = Some(value);
+                return seed
+                    .deserialize(BorrowedStrDeserializer::new(key.as_str()))
+                    .map(Some);
+            }
+            Ok(None)
+        }
+
+        fn next_value_seed<V: DeserializeSeed<'de>>(
+            &mut self,
+            seed: V,
+        ) -> Result<V::Value, Self::Error> {
+            match (self.kind.take(), self.value.take()) {
+                (Some(kind), _) => seed.deserialize(BorrowedStrDeserializer::new(kind)),
+                (None, Some(value)) => seed.deserialize(value),
+                (None, None) => Err(serde::de::Error::custom("value without a key")),
+            }
+        }
+    }
+}
+
+/// A content delta borrowed from the parser: queued by
+/// [`RunLog::push_delta`](super::sink::RunLog::push_delta), it becomes an
+/// owned [`EngineEvent`] only when it cannot be merged into the previous one.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum DeltaRef<'a> {
+    /// As [`EngineEvent::TextDelta`].
+    Text(&'a str),
+    /// As [`EngineEvent::ThinkingDelta`].
+    Thinking(&'a str),
+    /// As [`EngineEvent::FileDelta`].
+    File { path: &'a str, content: &'a str },
+}
+
+impl DeltaRef<'_> {
+    /// The owned event.
+    pub(crate) fn to_event(self) -> EngineEvent {
+        self.to_event_with_room(0)
+    }
+
+    /// The owned event, its content with capacity for at least `room`
+    /// bytes (deltas merged into it later need no reallocation).
+    pub(crate) fn to_event_with_room(self, room: usize) -> EngineEvent {
+        let owned = |content: &str| {
+            let mut s = String::with_capacity(room.max(content.len()));
+            s.push_str(content);
+            s
+        };
+        match self {
+            DeltaRef::Text(content) => EngineEvent::TextDelta {
+                content: owned(content),
+            },
+            DeltaRef::Thinking(content) => EngineEvent::ThinkingDelta {
+                content: owned(content),
+            },
+            DeltaRef::File { path, content } => EngineEvent::FileDelta {
+                path: path.to_owned(),
+                content: owned(content),
+            },
+        }
+    }
+
+    /// As [`EngineEvent::approx_bytes`] of the owned event.
+    pub(crate) fn approx_bytes(&self) -> usize {
+        match self {
+            DeltaRef::Text(content) | DeltaRef::Thinking(content) => content.len(),
+            DeltaRef::File { path, content } => path.len() + content.len(),
+        }
+    }
+}
+
+impl EngineEvent {
+    /// [`EngineEvent::try_merge`] of a borrowed delta: appends it and returns
+    /// `true`, or returns `false` (nothing changed) where `try_merge` would
+    /// have handed the event back.
+    pub(crate) fn try_merge_ref(&mut self, delta: DeltaRef<'_>, cap: usize) -> bool {
+        let (a, b) = match (self, delta) {
+            (EngineEvent::TextDelta { content: a }, DeltaRef::Text(b))
+            | (EngineEvent::ThinkingDelta { content: a }, DeltaRef::Thinking(b)) => (a, b),
+            (
+                EngineEvent::FileDelta {
+                    path: pa,
+                    content: a,
+                },
+                DeltaRef::File {
+                    path: pb,
+                    content: b,
+                },
+            ) if pa == pb => (a, b),
+            _ => return false,
+        };
+        if a.len() + b.len() > cap {
+            return false;
+        }
+        a.push_str(b);
+        true
+    }
+}
+
 impl From<EngineEvent> for NewEvent {
     fn from(e: EngineEvent) -> Self {
         e.into_new_event()
@@ -529,6 +750,106 @@ impl From<EngineEvent> for NewEvent {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn decoding_in_place_is_decoding_a_copy_with_the_tag() {
+        // What `from_stored` did before: copy the payload, add the tag.
+        let copied = |kind: &str, payload: &serde_json::Value| {
+            let mut obj = payload.as_object().cloned().unwrap_or_default();
+            obj.insert("type".into(), serde_json::Value::String(kind.to_string()));
+            serde_json::from_value::<EngineEvent>(serde_json::Value::Object(obj))
+        };
+        let cases = [
+            (
+                "file_delta",
+                serde_json::json!({"path": "a", "content": "x\n\"y\""}),
+            ),
+            (
+                "text_delta",
+                serde_json::json!({"content": "hi", "type": "file_delta"}),
+            ),
+            ("text_delta", serde_json::json!({"content": 5})),
+            ("file_delta", serde_json::json!({"content": "hi"})),
+            (
+                "file_delta",
+                serde_json::json!({"content": "hi", "path": 3}),
+            ),
+            (
+                "file_delta",
+                serde_json::json!({"content": "hi", "path": "p", "extra": 1}),
+            ),
+            ("thinking_delta", serde_json::json!({"content": null})),
+            ("thinking_delta", serde_json::json!({"content": "c"})),
+            ("text_delta", serde_json::json!({})),
+            ("text_delta", serde_json::json!("not an object")),
+            ("from_the_future", serde_json::json!({"content": "hi"})),
+            (
+                "turn_finished",
+                serde_json::json!({"turn": 2, "usage": {"input_tokens": 1, "output_tokens": 2, "estimated": false},
+                    "files_written": 1, "tool_calls": 0, "done": true, "outcome": "complete", "extra": [1, {"a": null}]}),
+            ),
+            (
+                "run_queued",
+                serde_json::json!({"request": {"deep": [1, 2.5, "s", true, null]}}),
+            ),
+        ];
+        for (kind, payload) in cases {
+            let (a, b) = (
+                copied(kind, &payload),
+                EngineEvent::decode_stored(kind, &payload),
+            );
+            assert_eq!(a.is_ok(), b.is_ok(), "{kind} {payload}: {a:?} vs {b:?}");
+            if let (Ok(a), Ok(b)) = (a, b) {
+                assert_eq!(a, b);
+            }
+        }
+        for e in [
+            EngineEvent::FileDelta {
+                path: "p".into(),
+                content: "c\"\n".into(),
+            },
+            EngineEvent::TextDelta {
+                content: "t".into(),
+            },
+            EngineEvent::ThinkingDelta {
+                content: String::new(),
+            },
+        ] {
+            let n = e.to_new_event();
+            // The direct form is the one serde makes.
+            let mut serde_form = serde_json::to_value(&e).unwrap();
+            serde_form.as_object_mut().unwrap().remove("type");
+            assert_eq!(n.payload, serde_form);
+            assert_eq!(EngineEvent::decode_stored(&n.kind, &n.payload).unwrap(), e);
+        }
+    }
+
+    #[test]
+    fn merging_a_borrowed_delta_is_merging_the_owned_one() {
+        let deltas = [
+            DeltaRef::Text("ab"),
+            DeltaRef::Thinking("cd"),
+            DeltaRef::File {
+                path: "a",
+                content: "ef",
+            },
+            DeltaRef::File {
+                path: "b",
+                content: "gh",
+            },
+        ];
+        for first in deltas {
+            for second in deltas {
+                for cap in [3, 4, 16] {
+                    let (mut owned, mut borrowed) = (first.to_event(), first.to_event());
+                    let merged = owned.try_merge(second.to_event(), cap).is_none();
+                    assert_eq!(borrowed.try_merge_ref(second, cap), merged);
+                    assert_eq!(owned, borrowed);
+                    assert_eq!(second.approx_bytes(), second.to_event().approx_bytes());
+                }
+            }
+        }
+    }
 
     #[test]
     fn new_event_has_kind_and_payload_without_type() {

@@ -45,6 +45,7 @@ mod counting;
 mod effects;
 mod events;
 pub mod framework;
+mod gate;
 mod outcome;
 mod prompt;
 mod retention;

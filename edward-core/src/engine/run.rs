@@ -22,7 +22,8 @@ use super::config::RunRequest;
 use super::effects::{
     EffectCtx, EffectError, EffectItem, EffectReport, FlushRegistry, FlushTarget, SandboxSlot,
 };
-use super::events::EngineEvent;
+use super::events::{DeltaRef, EngineEvent};
+use super::gate::Gates;
 use super::outcome::{TurnFacts, TurnOutcome, decide_turn_outcome};
 use super::prompt::{BoundedText, NUDGE_MESSAGE, SYSTEM_PROMPT, continuation_message};
 use super::sink::{LogError, LogTuning, RunLog};
@@ -53,6 +54,8 @@ pub(crate) enum StopCause {
 pub(crate) struct RunControl {
     pub(crate) token: CancellationToken,
     cause: OnceLock<StopCause>,
+    /// The run task's gated futures (see [`Gates`]).
+    pub(crate) gates: Gates,
 }
 
 impl RunControl {
@@ -60,6 +63,7 @@ impl RunControl {
         RunControl {
             token: CancellationToken::new(),
             cause: OnceLock::new(),
+            gates: Gates::default(),
         }
     }
 
@@ -305,8 +309,9 @@ pub(crate) async fn execute(
             end
         };
         // The writer is part of this future: dropping the run drops it too,
-        // so an aborted worker writes nothing more.
-        let (end, ()) = tokio::join!(driven, writer);
+        // so an aborted worker writes nothing more. Gated: it is polled when
+        // it has work, not on every chunk the run streams.
+        let (end, ()) = tokio::join!(driven, control.gates.gate(writer));
         end
     }
     .instrument(span)
@@ -601,7 +606,8 @@ impl RunCtx {
         }
         let end = tokio::select! {
             end = self.turns(&model, &budgets, &mut state, &target) => end,
-            () = watch => AttemptEnd::Abandoned,
+            // Gated: a timer and a token, polled when one of them fires.
+            () = self.control.gates.gate(watch) => AttemptEnd::Abandoned,
         };
         let end = match end {
             AttemptEnd::Retry(msg) => self.count_retry(&mut state, msg).await,
@@ -1091,7 +1097,9 @@ impl RunCtx {
             .saturating_sub((Utc::now() - state.started_at).to_std().unwrap_or_default());
         let deadline = tokio::time::Instant::now() + left;
         let stream_side = self.stream(turn, request, tx, out_budget, est_input, deadline);
-        let effect_side = effects.handle(rx);
+        // Gated: the handler is polled when an item arrives (or its own
+        // work wakes it), not on every chunk the stream side handles.
+        let effect_side = self.control.gates.gate(effects.handle(rx));
         let (streamed, effected) = tokio::join!(stream_side, effect_side);
         // A handler failure explains a stream that stopped early, so it wins.
         let effects_report = effected?;
@@ -1214,11 +1222,16 @@ impl RunCtx {
         let max_bytes = self.inner.config.max_turn_output_bytes;
         let mut usage = None;
         let mut file = OpenFile::default();
+        let log = Some(&self.log);
         let max_file_bytes = self.inner.config.max_file_bytes;
         let mut done = false;
         let mut budget_hit = false;
         let mut finish: Option<crate::FinishReason> = None;
         let mut ended = false;
+        // One wait on the token for the whole stream, polled only when the
+        // token fires: checking it before every chunk would take the
+        // token's mutex (and register and drop a waiter) per chunk.
+        let mut stopped = self.control.gates.gate(token.cancelled());
         let read = async {
             loop {
                 let produced = output.len() + thinking_bytes;
@@ -1230,9 +1243,11 @@ impl RunCtx {
                     cap_hit = true;
                     break;
                 }
-                let next = match token.run_until_cancelled(stream.next()).await {
-                    None => return Err(TurnError::Stopped),
-                    Some(n) => n,
+                // Cancellation first, as `run_until_cancelled` would.
+                let next = tokio::select! {
+                    biased;
+                    () = &mut stopped => return Err(TurnError::Stopped),
+                    n = stream.next() => n,
                 };
                 match next {
                     None => {
@@ -1242,9 +1257,13 @@ impl RunCtx {
                     Some(Ok(ModelChunk::Text(t))) => {
                         output.push_str(&t);
                         parser.feed_with(&t, |e| {
-                            file.step(e, max_file_bytes, None, &mut done, &mut parsed)
+                            file.step(e, max_file_bytes, None, &mut done, &mut parsed, log)
                         });
                         self.dispatch(&mut parsed, &tx).await?;
+                        // Deltas queued without an `emit` spent no cooperative
+                        // budget: a model whose stream is always ready must
+                        // still let the worker thread run other tasks.
+                        tokio::task::coop::consume_budget().await;
                     }
                     Some(Ok(ModelChunk::Thinking(t))) => {
                         // Provider reasoning is output too: it counts against
@@ -1296,7 +1315,8 @@ impl RunCtx {
                 .as_ref()
                 .map_or_else(|| "stream_ended".to_string(), finish_reason_name)
         };
-        parser.finish_with(|e| file.step(e, max_file_bytes, Some(&end), &mut done, &mut parsed));
+        parser
+            .finish_with(|e| file.step(e, max_file_bytes, Some(&end), &mut done, &mut parsed, log));
         self.dispatch(&mut parsed, &tx).await?;
         Ok(Streamed {
             output,
@@ -1419,6 +1439,12 @@ impl OpenFile {
     /// this is its end: a file the end closes is truncated. Mid-stream
     /// (`</edward_sandbox>` before `</file>`) the model closed it itself, and
     /// it is written.
+    ///
+    /// With `log`, a content delta that nothing of this chunk precedes in
+    /// `out` is queued into the log at once, borrowed ([`RunLog::push_delta`]):
+    /// no owned event per chunk. Anything after an item still in `out` waits
+    /// its turn there, so the order of events and side effects is the
+    /// stream's.
     fn step(
         &mut self,
         ev: EventRef<'_>,
@@ -1426,14 +1452,18 @@ impl OpenFile {
         unclosed_reason: Option<&str>,
         done: &mut bool,
         out: &mut Vec<Parsed>,
+        log: Option<&RunLog>,
     ) {
+        let delta = |d: DeltaRef<'_>, out: &mut Vec<Parsed>| {
+            if !(out.is_empty() && log.is_some_and(|log| log.push_delta(d))) {
+                out.push(Parsed::Log(d.to_event()));
+            }
+        };
         let step = match ev {
-            EventRef::Text { content } => Parsed::Log(EngineEvent::TextDelta {
-                content: content.to_owned(),
-            }),
-            EventRef::ThinkingContent { content } => Parsed::Log(EngineEvent::ThinkingDelta {
-                content: content.to_owned(),
-            }),
+            EventRef::Text { content } => return delta(DeltaRef::Text(content), out),
+            EventRef::ThinkingContent { content } => {
+                return delta(DeltaRef::Thinking(content), out);
+            }
             EventRef::ThinkingStart | EventRef::ThinkingEnd => return,
             EventRef::SandboxStart { project, base } => {
                 Parsed::Effect(EffectItem::Sandbox(crate::SandboxSpec {
@@ -1464,18 +1494,15 @@ impl OpenFile {
                 }
                 return;
             }
-            EventRef::FileContent { content } => match self.file.as_mut() {
-                Some((path, buf)) => {
-                    buf.push_str(content);
-                    Parsed::Log(EngineEvent::FileDelta {
-                        path: path.clone(),
-                        content: content.to_owned(),
-                    })
-                }
-                None => Parsed::Log(EngineEvent::TextDelta {
-                    content: content.to_owned(),
-                }),
-            },
+            EventRef::FileContent { content } => {
+                return match self.file.as_mut() {
+                    Some((path, buf)) => {
+                        buf.push_str(content);
+                        delta(DeltaRef::File { path, content }, out)
+                    }
+                    None => delta(DeltaRef::Text(content), out),
+                };
+            }
             EventRef::FileEnd => {
                 let unclosed = std::mem::take(&mut self.unclosed);
                 let too_big = std::mem::take(&mut self.too_big);
@@ -1587,10 +1614,11 @@ mod tests {
         for piece in chars.chunks(n) {
             let piece: String = piece.iter().collect();
             parser.feed_with(&piece, |e| {
-                open.step(e, max_file_bytes, None, &mut done, &mut out)
+                open.step(e, max_file_bytes, None, &mut done, &mut out, None)
             });
         }
-        parser.finish_with(|e| open.step(e, max_file_bytes, Some(reason), &mut done, &mut out));
+        parser
+            .finish_with(|e| open.step(e, max_file_bytes, Some(reason), &mut done, &mut out, None));
         out.iter()
             .filter_map(|p| match p {
                 Parsed::Effect(item) => Some(format!("{item:?}")),

@@ -34,9 +34,9 @@ pub struct TypedEvent {
 impl TypedEvent {
     /// Decode a stored event.
     pub fn decode(raw: RunEvent) -> Result<Self, EventStreamError> {
-        let mut obj = raw.payload.as_object().cloned().unwrap_or_default();
-        obj.insert("type".into(), serde_json::Value::String(raw.kind.clone()));
-        match serde_json::from_value::<EngineEvent>(serde_json::Value::Object(obj)) {
+        // Read in place: the raw event is kept, so the payload is not
+        // copied to add the tag first.
+        match EngineEvent::decode_stored(&raw.kind, &raw.payload) {
             Ok(event) => Ok(TypedEvent {
                 run_id: raw.run_id,
                 seq: raw.seq,

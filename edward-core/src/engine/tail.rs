@@ -25,6 +25,9 @@ struct Tail {
     /// so wait for a hint instead of reading again at once.
     caught_up: bool,
     backstop: Duration,
+    /// The backstop timer, moved to a new deadline for each wait rather
+    /// than created and dropped per wait (once per batch a tailer sees).
+    backstop_timer: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
 }
 
 const PAGE: usize = 512;
@@ -47,6 +50,7 @@ pub(crate) fn tail(
         done: false,
         caught_up: false,
         backstop,
+        backstop_timer: None,
     };
     let stream = futures::stream::unfold(state, |mut s| async move {
         loop {
@@ -100,18 +104,26 @@ pub(crate) fn tail(
                 }
             }
             // Wait for a hint newer than what we have, or the backstop.
-            let deadline = tokio::time::sleep(s.backstop);
-            tokio::pin!(deadline);
+            let at = tokio::time::Instant::now() + s.backstop;
+            let deadline = match s.backstop_timer.as_mut() {
+                Some(timer) => {
+                    timer.as_mut().reset(at);
+                    timer
+                }
+                None => s
+                    .backstop_timer
+                    .insert(Box::pin(tokio::time::sleep_until(at))),
+            };
             loop {
                 let hint = match s.hints.as_mut() {
                     Some(h) => {
                         tokio::select! {
                             h = h.next() => h,
-                            _ = &mut deadline => break,
+                            _ = deadline.as_mut() => break,
                         }
                     }
                     None => {
-                        (&mut deadline).await;
+                        deadline.as_mut().await;
                         break;
                     }
                 };

@@ -281,8 +281,12 @@ async fn run_task(
                 AttemptEnd::Retry(format!("panic: {message}"))
             }
         },
-        () = heartbeat => AttemptEnd::Abandoned,
-        () = status_check => AttemptEnd::Abandoned,
+        // Neither ever ends. Gated together: two timers, polled when one of
+        // them fires rather than on every wake-up of the run (once per
+        // streamed chunk).
+        _ = control.gates.gate(async { tokio::join!(heartbeat, status_check) }) => {
+            AttemptEnd::Abandoned
+        }
     };
     lock(&controls).remove(&run_id);
     let held = current

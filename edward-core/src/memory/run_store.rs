@@ -288,7 +288,11 @@ fn push_events(entry: &mut Entry, events: Vec<NewEvent>, at: DateTime<Utc>) -> V
         entry.events.push(StoredEvent {
             kind: event.kind.as_str().into(),
             at,
-            payload: event.payload.to_string().into_boxed_str(),
+            // `serde_json::to_string` writes bytes directly; `Display` (the
+            // same compact text) goes through `fmt` machinery per token.
+            payload: serde_json::to_string(&event.payload)
+                .unwrap_or_else(|_| event.payload.to_string())
+                .into_boxed_str(),
         });
         persisted.push(event);
     }
