@@ -250,6 +250,67 @@ pub(crate) fn broadcast_stream<T: Clone + Send + 'static>(
     })
 }
 
+/// [`RunStore::list_user_runs`](edward_core::RunStore::list_user_runs)'s
+/// query with only the filters given, so the planner seeks the index on
+/// them: a generic `(? IS NULL OR chat_id = ?)` walked every run of the
+/// user, and a run's start asks twice for its chat's runs (1,000 runs of
+/// one user starting at once read a million rows). `placeholder(n)` spells
+/// the n-th parameter (1-based) in the backend's syntax; bind with
+/// [`bind_user_runs`].
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(crate) fn user_runs_sql(
+    select_from: &str,
+    placeholder: fn(usize) -> String,
+    filter: &edward_core::RunFilter,
+    before: Option<RunId>,
+) -> String {
+    let mut sql = format!("{select_from} WHERE user_id = {}", placeholder(1));
+    let mut n = 1;
+    let mut next = || {
+        n += 1;
+        placeholder(n)
+    };
+    if filter.chat_id.is_some() {
+        sql.push_str(&format!(" AND chat_id = {}", next()));
+    }
+    if filter.status.is_some() {
+        sql.push_str(&format!(" AND status = {}", next()));
+    }
+    if before.is_some() {
+        sql.push_str(&format!(" AND id < {}", next()));
+    }
+    sql.push_str(&format!(" ORDER BY id DESC LIMIT {}", next()));
+    sql
+}
+
+/// [`user_runs_sql`]'s query with its parameters bound, in its order.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(crate) fn bind_user_runs<'q, DB>(
+    sql: &'q str,
+    user_id: &'q str,
+    filter: &'q edward_core::RunFilter,
+    before: Option<RunId>,
+    limit: usize,
+) -> sqlx::query::Query<'q, DB, <DB as sqlx::Database>::Arguments<'q>>
+where
+    DB: sqlx::Database,
+    &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    uuid::Uuid: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+{
+    let mut query = sqlx::query(sql).bind(user_id);
+    if let Some(chat) = filter.chat_id.as_deref() {
+        query = query.bind(chat);
+    }
+    if let Some(status) = filter.status {
+        query = query.bind(status.as_str());
+    }
+    if let Some(before) = before {
+        query = query.bind(before.0);
+    }
+    query.bind(i64::try_from(limit).unwrap_or(i64::MAX))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

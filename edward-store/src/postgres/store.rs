@@ -671,23 +671,16 @@ impl RunStore for PgStore {
         before: Option<RunId>,
         limit: usize,
     ) -> Result<Vec<Run>, StoreError> {
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let chat = filter.chat_id.as_deref();
-        let status = filter.status.map(RunStatus::as_str);
-        let before = before.map(|id| id.0);
-        let rows = sqlx::query(&format!(
-            "SELECT {RUN_COLUMNS} FROM edward_runs WHERE user_id = $1 AND ($2::text IS NULL OR chat_id = $2) \
-             AND ($3::text IS NULL OR status = $3) AND ($4::uuid IS NULL OR id < $4) \
-             ORDER BY id DESC LIMIT $5"
-        ))
-        .bind(user_id)
-        .bind(chat)
-        .bind(status)
-        .bind(before)
-        .bind(limit)
-        .fetch_all(&self.pool)
-        .await
-        .map_err(store_err)?;
+        let sql = crate::common::user_runs_sql(
+            &format!("SELECT {RUN_COLUMNS} FROM edward_runs"),
+            |n| format!("${n}"),
+            filter,
+            before,
+        );
+        let rows = crate::common::bind_user_runs(&sql, user_id, filter, before, limit)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(store_err)?;
         rows.iter().map(run_from_row).collect()
     }
 

@@ -2,30 +2,35 @@
 //! [`SqliteStore`]: the bodies of the chat methods of its
 //! [`edward_core::RunStore`] impl, which delegates here.
 //!
-//! Every write is one `BEGIN IMMEDIATE` transaction that reads the run's
-//! fence and writes under the database's write lock, so a newer
+//! Every write is a request to the writer thread (`writer.rs`): it reads
+//! the run's fence and writes inside the write transaction, so a newer
 //! `start_run` cannot slip between the fence check and the write. The
 //! build claim is one compare-and-set `UPDATE` on `(status, claim_fence)`.
 
 use edward_core::{
     BuildJob, BuildResult, BuildStatus, ChatMessage, Fence, NewMessage, RunId, StoreError,
 };
+use rusqlite::{Connection, OptionalExtension, params};
+use sqlx::Row;
 use sqlx::sqlite::SqliteRow;
-use sqlx::{Row, Sqlite, Transaction};
 use uuid::Uuid;
 
-use super::{INSERT_CHUNK, SqliteStore, from_micros, micros, now, run_state};
+use super::ops::check_run_fence;
+use super::rows::{BUILD_COLUMNS, build_from};
+use super::writer::sqlite_store_err;
+use super::{SqliteStore, from_micros, micros, now};
 use crate::chat_rows::{
-    build_conflict, command_json, effects_json, parse_build_status, parse_command, parse_effects,
-    parse_role, to_u32,
+    build_conflict, command_json, effects_json, parse_build_status, parse_effects, parse_role,
+    to_u32,
 };
 use crate::common::{check_fence, to_i64, to_u64};
 use crate::error::store_err;
 
 const MESSAGE_COLUMNS: &str = "run_id, turn, idx, role, text, effects, at";
 
-const BUILD_COLUMNS: &str = "run_id, number, status, command, claimed_by, claim_fence, \
-     exit_code, output, duration_ms, created_at, updated_at";
+fn se(e: rusqlite::Error) -> StoreError {
+    sqlite_store_err(&e)
+}
 
 fn message_from_row(row: &SqliteRow) -> Result<ChatMessage, StoreError> {
     let run_id: Uuid = row.try_get("run_id").map_err(store_err)?;
@@ -42,58 +47,196 @@ fn message_from_row(row: &SqliteRow) -> Result<ChatMessage, StoreError> {
     })
 }
 
-fn build_from_row(row: &SqliteRow) -> Result<BuildJob, StoreError> {
-    let run_id: Uuid = row.try_get("run_id").map_err(store_err)?;
-    let status: String = row.try_get("status").map_err(store_err)?;
-    let command: String = row.try_get("command").map_err(store_err)?;
-    let exit_code: Option<i64> = row.try_get("exit_code").map_err(store_err)?;
-    let duration_ms: Option<i64> = row.try_get("duration_ms").map_err(store_err)?;
-    Ok(BuildJob {
-        run_id: RunId(run_id),
-        number: to_u32(row.try_get("number").map_err(store_err)?, "build number")?,
-        status: parse_build_status(&status)?,
-        command: parse_command(&command)?,
-        claimed_by: row.try_get("claimed_by").map_err(store_err)?,
-        claim_fence: Fence(to_u64(
-            row.try_get("claim_fence").map_err(store_err)?,
-            "claim_fence",
-        )?),
-        exit_code: exit_code
-            .map(|c| i32::try_from(c).map_err(|_| crate::error::corrupt(format!("exit code {c}"))))
-            .transpose()?,
-        output: row.try_get("output").map_err(store_err)?,
-        duration_ms: duration_ms.map(|d| to_u64(d, "duration_ms")).transpose()?,
-        created_at: from_micros(row.try_get("created_at").map_err(store_err)?)?,
-        updated_at: from_micros(row.try_get("updated_at").map_err(store_err)?)?,
-    })
-}
-
-/// `Ok` when the run exists and `fence` is not older than its fence.
-async fn check_run_fence(
-    tx: &mut Transaction<'static, Sqlite>,
-    run_id: RunId,
-    fence: Fence,
-) -> Result<(), StoreError> {
-    let Some((_, current, _)) = run_state(tx, run_id).await? else {
-        return Err(StoreError::NotFound { run_id });
-    };
-    check_fence(run_id, current, fence)
-}
-
-/// The status of build `number`, inside `tx` (`None`: no such build).
-async fn build_status(
-    tx: &mut Transaction<'static, Sqlite>,
+/// The status of build `number` (`None`: no such build).
+fn build_status(
+    conn: &Connection,
     run_id: RunId,
     number: u32,
 ) -> Result<Option<BuildStatus>, StoreError> {
-    let status: Option<String> =
-        sqlx::query_scalar("SELECT status FROM builds WHERE run_id = ? AND number = ?")
-            .bind(run_id.0)
-            .bind(i64::from(number))
-            .fetch_optional(&mut **tx)
-            .await
-            .map_err(store_err)?;
+    let status: Option<String> = conn
+        .prepare_cached("SELECT status FROM builds WHERE run_id = ?1 AND number = ?2")
+        .map_err(se)?
+        .query_row(params![run_id.0, i64::from(number)], |r| r.get(0))
+        .optional()
+        .map_err(se)?;
     status.as_deref().map(parse_build_status).transpose()
+}
+
+fn select_build(conn: &Connection, run_id: RunId, number: u32) -> Result<BuildJob, StoreError> {
+    conn.prepare_cached(&format!(
+        "SELECT {BUILD_COLUMNS} FROM builds WHERE run_id = ?1 AND number = ?2"
+    ))
+    .map_err(se)?
+    .query_row(params![run_id.0, i64::from(number)], |row| {
+        Ok(build_from(row))
+    })
+    .map_err(se)?
+}
+
+/// A `put_messages` request.
+struct PutMessages {
+    run_id: RunId,
+    fence: Fence,
+    turn: u32,
+    messages: Vec<NewMessage>,
+}
+
+fn put_messages(conn: &Connection, p: &PutMessages) -> Result<(), StoreError> {
+    let run_id = p.run_id;
+    let row = conn
+        .prepare_cached("SELECT fence, user_id, chat_id FROM runs WHERE id = ?1")
+        .map_err(se)?
+        .query_row(params![run_id.0], |r| {
+            Ok((
+                r.get::<_, i64>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, String>(2)?,
+            ))
+        })
+        .optional()
+        .map_err(se)?;
+    let Some((fence, user_id, chat_id)) = row else {
+        return Err(StoreError::NotFound { run_id });
+    };
+    check_fence(run_id, Fence(to_u64(fence, "fence")?), p.fence)?;
+    conn.prepare_cached("DELETE FROM chat_messages WHERE run_id = ?1 AND turn >= ?2")
+        .map_err(se)?
+        .execute(params![run_id.0, i64::from(p.turn)])
+        .map_err(se)?;
+    let at = micros(now());
+    let mut insert = conn
+        .prepare_cached(
+            "INSERT INTO chat_messages \
+             (run_id, user_id, chat_id, turn, idx, role, text, effects, at) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+        )
+        .map_err(se)?;
+    for (i, m) in p.messages.iter().enumerate() {
+        insert
+            .execute(params![
+                run_id.0,
+                user_id,
+                chat_id,
+                i64::from(p.turn),
+                i as i64,
+                m.role.as_str(),
+                m.text,
+                effects_json(m.effects.as_ref()),
+                at
+            ])
+            .map_err(se)?;
+    }
+    Ok(())
+}
+
+/// A `create_build` request.
+struct CreateBuild {
+    run_id: RunId,
+    fence: Fence,
+    number: u32,
+    command: Vec<String>,
+}
+
+fn create_build(conn: &Connection, c: &CreateBuild) -> Result<BuildJob, StoreError> {
+    check_run_fence(conn, c.run_id, c.fence)?;
+    let at = micros(now());
+    conn.prepare_cached(
+        "INSERT INTO builds (run_id, number, status, command, claim_fence, created_at, updated_at) \
+         VALUES (?1, ?2, 'queued', ?3, 0, ?4, ?4) ON CONFLICT (run_id, number) DO NOTHING",
+    )
+    .map_err(se)?
+    .execute(params![
+        c.run_id.0,
+        i64::from(c.number),
+        command_json(&c.command),
+        at
+    ])
+    .map_err(se)?;
+    select_build(conn, c.run_id, c.number)
+}
+
+/// A `claim_build` request.
+struct ClaimBuild {
+    run_id: RunId,
+    number: u32,
+    fence: Fence,
+    worker: String,
+}
+
+fn claim_build(conn: &Connection, c: &ClaimBuild) -> Result<Option<BuildJob>, StoreError> {
+    let given = to_i64(c.fence.0, "fence")?;
+    let row = conn
+        .prepare_cached(&format!(
+            "UPDATE builds SET status = 'building', claimed_by = ?1, claim_fence = ?2, updated_at = ?3 \
+             WHERE run_id = ?4 AND number = ?5 \
+               AND (status = 'queued' OR (status = 'building' AND claim_fence < ?2)) \
+               AND EXISTS (SELECT 1 FROM runs WHERE id = ?4 AND fence <= ?2) \
+             RETURNING {BUILD_COLUMNS}"
+        ))
+        .map_err(se)?
+        .query_row(
+            params![c.worker, given, micros(now()), c.run_id.0, i64::from(c.number)],
+            |row| Ok(build_from(row)),
+        )
+        .optional()
+        .map_err(se)?;
+    match row {
+        Some(job) => job.map(Some),
+        None => {
+            check_run_fence(conn, c.run_id, c.fence)?;
+            if build_status(conn, c.run_id, c.number)?.is_none() {
+                return Err(build_conflict(c.run_id, c.number, None, "claim"));
+            }
+            // Finished, or claimed under this or a newer fence.
+            Ok(None)
+        }
+    }
+}
+
+/// A `finish_build` request.
+struct FinishBuild {
+    run_id: RunId,
+    number: u32,
+    fence: Fence,
+    result: BuildResult,
+}
+
+fn finish_build(conn: &Connection, f: &FinishBuild) -> Result<BuildJob, StoreError> {
+    let given = to_i64(f.fence.0, "fence")?;
+    let duration_ms = to_i64(f.result.duration_ms, "duration_ms")?;
+    check_run_fence(conn, f.run_id, f.fence)?;
+    let row = if f.result.status.is_terminal() {
+        conn.prepare_cached(&format!(
+            "UPDATE builds SET status = ?1, exit_code = ?2, output = ?3, duration_ms = ?4, updated_at = ?5 \
+             WHERE run_id = ?6 AND number = ?7 AND status = 'building' AND claim_fence = ?8 \
+             RETURNING {BUILD_COLUMNS}"
+        ))
+        .map_err(se)?
+        .query_row(
+            params![
+                f.result.status.as_str(),
+                f.result.exit_code,
+                f.result.output,
+                duration_ms,
+                micros(now()),
+                f.run_id.0,
+                i64::from(f.number),
+                given
+            ],
+            |row| Ok(build_from(row)),
+        )
+        .optional()
+        .map_err(se)?
+    } else {
+        None
+    };
+    match row {
+        Some(job) => job,
+        None => {
+            let status = build_status(conn, f.run_id, f.number)?;
+            Err(build_conflict(f.run_id, f.number, status, "finish"))
+        }
+    }
 }
 
 impl SqliteStore {
@@ -104,51 +247,13 @@ impl SqliteStore {
         turn: u32,
         messages: Vec<NewMessage>,
     ) -> Result<(), StoreError> {
-        let mut tx = self.begin_write().await.map_err(store_err)?;
-        let row = sqlx::query("SELECT fence, user_id, chat_id FROM runs WHERE id = ?")
-            .bind(run_id.0)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(store_err)?;
-        let Some(row) = row else {
-            return Err(StoreError::NotFound { run_id });
+        let put = PutMessages {
+            run_id,
+            fence,
+            turn,
+            messages,
         };
-        let current = Fence(to_u64(row.try_get(0).map_err(store_err)?, "fence")?);
-        check_fence(run_id, current, fence)?;
-        let user_id: String = row.try_get(1).map_err(store_err)?;
-        let chat_id: String = row.try_get(2).map_err(store_err)?;
-        sqlx::query("DELETE FROM chat_messages WHERE run_id = ? AND turn >= ?")
-            .bind(run_id.0)
-            .bind(i64::from(turn))
-            .execute(&mut *tx)
-            .await
-            .map_err(store_err)?;
-        let at = micros(now());
-        let effects: Vec<Option<String>> = messages
-            .iter()
-            .map(|m| effects_json(m.effects.as_ref()))
-            .collect();
-        let mut offset = 0usize;
-        for chunk in messages.chunks(INSERT_CHUNK) {
-            let mut builder: sqlx::QueryBuilder<'_, Sqlite> = sqlx::QueryBuilder::new(
-                "INSERT INTO chat_messages \
-                 (run_id, user_id, chat_id, turn, idx, role, text, effects, at) ",
-            );
-            builder.push_values(chunk.iter().enumerate(), |mut row, (i, m)| {
-                row.push_bind(run_id.0)
-                    .push_bind(user_id.as_str())
-                    .push_bind(chat_id.as_str())
-                    .push_bind(i64::from(turn))
-                    .push_bind((offset + i) as i64)
-                    .push_bind(m.role.as_str())
-                    .push_bind(m.text.as_str())
-                    .push_bind(effects[offset + i].as_deref())
-                    .push_bind(at);
-            });
-            builder.build().execute(&mut *tx).await.map_err(store_err)?;
-            offset += chunk.len();
-        }
-        tx.commit().await.map_err(store_err)
+        self.jobs.run(put, put_messages).await
     }
 
     pub(super) async fn read_chat_messages(
@@ -188,32 +293,13 @@ impl SqliteStore {
         number: u32,
         command: Vec<String>,
     ) -> Result<BuildJob, StoreError> {
-        let mut tx = self.begin_write().await.map_err(store_err)?;
-        check_run_fence(&mut tx, run_id, fence).await?;
-        let at = micros(now());
-        sqlx::query(
-            "INSERT INTO builds (run_id, number, status, command, claim_fence, created_at, updated_at) \
-             VALUES (?, ?, 'queued', ?, 0, ?, ?) ON CONFLICT (run_id, number) DO NOTHING",
-        )
-        .bind(run_id.0)
-        .bind(i64::from(number))
-        .bind(command_json(&command))
-        .bind(at)
-        .bind(at)
-        .execute(&mut *tx)
-        .await
-        .map_err(store_err)?;
-        let row = sqlx::query(&format!(
-            "SELECT {BUILD_COLUMNS} FROM builds WHERE run_id = ? AND number = ?"
-        ))
-        .bind(run_id.0)
-        .bind(i64::from(number))
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(store_err)?;
-        let job = build_from_row(&row)?;
-        tx.commit().await.map_err(store_err)?;
-        Ok(job)
+        let create = CreateBuild {
+            run_id,
+            fence,
+            number,
+            command,
+        };
+        self.jobs.run(create, create_build).await
     }
 
     pub(super) async fn claim_build_job(
@@ -223,37 +309,13 @@ impl SqliteStore {
         fence: Fence,
         worker: &str,
     ) -> Result<Option<BuildJob>, StoreError> {
-        let given = to_i64(fence.0, "fence")?;
-        let mut tx = self.begin_write().await.map_err(store_err)?;
-        let row = sqlx::query(&format!(
-            "UPDATE builds SET status = 'building', claimed_by = ?, claim_fence = ?, updated_at = ? \
-             WHERE run_id = ? AND number = ? \
-               AND (status = 'queued' OR (status = 'building' AND claim_fence < ?)) \
-               AND EXISTS (SELECT 1 FROM runs WHERE id = ? AND fence <= ?) \
-             RETURNING {BUILD_COLUMNS}"
-        ))
-        .bind(worker)
-        .bind(given)
-        .bind(micros(now()))
-        .bind(run_id.0)
-        .bind(i64::from(number))
-        .bind(given)
-        .bind(run_id.0)
-        .bind(given)
-        .fetch_optional(&mut *tx)
-        .await
-        .map_err(store_err)?;
-        let Some(row) = row else {
-            check_run_fence(&mut tx, run_id, fence).await?;
-            if build_status(&mut tx, run_id, number).await?.is_none() {
-                return Err(build_conflict(run_id, number, None, "claim"));
-            }
-            // Finished, or claimed under this or a newer fence.
-            return Ok(None);
+        let claim = ClaimBuild {
+            run_id,
+            number,
+            fence,
+            worker: worker.to_owned(),
         };
-        let job = build_from_row(&row)?;
-        tx.commit().await.map_err(store_err)?;
-        Ok(Some(job))
+        self.jobs.run(claim, claim_build).await
     }
 
     pub(super) async fn finish_build_job(
@@ -263,37 +325,13 @@ impl SqliteStore {
         fence: Fence,
         result: BuildResult,
     ) -> Result<BuildJob, StoreError> {
-        let given = to_i64(fence.0, "fence")?;
-        let duration_ms = to_i64(result.duration_ms, "duration_ms")?;
-        let mut tx = self.begin_write().await.map_err(store_err)?;
-        check_run_fence(&mut tx, run_id, fence).await?;
-        let row = if result.status.is_terminal() {
-            sqlx::query(&format!(
-                "UPDATE builds SET status = ?, exit_code = ?, output = ?, duration_ms = ?, updated_at = ? \
-                 WHERE run_id = ? AND number = ? AND status = 'building' AND claim_fence = ? \
-                 RETURNING {BUILD_COLUMNS}"
-            ))
-            .bind(result.status.as_str())
-            .bind(result.exit_code)
-            .bind(&result.output)
-            .bind(duration_ms)
-            .bind(micros(now()))
-            .bind(run_id.0)
-            .bind(i64::from(number))
-            .bind(given)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(store_err)?
-        } else {
-            None
+        let finish = FinishBuild {
+            run_id,
+            number,
+            fence,
+            result,
         };
-        let Some(row) = row else {
-            let status = build_status(&mut tx, run_id, number).await?;
-            return Err(build_conflict(run_id, number, status, "finish"));
-        };
-        let job = build_from_row(&row)?;
-        tx.commit().await.map_err(store_err)?;
-        Ok(job)
+        self.jobs.run(finish, finish_build).await
     }
 
     pub(super) async fn list_builds(&self, run_id: RunId) -> Result<Vec<BuildJob>, StoreError> {
@@ -307,7 +345,7 @@ impl SqliteStore {
         if rows.is_empty() && !self.run_exists(run_id).await? {
             return Err(StoreError::NotFound { run_id });
         }
-        rows.iter().map(build_from_row).collect()
+        rows.iter().map(build_from).collect()
     }
 
     /// Whether the run exists.

@@ -4,69 +4,97 @@
 
 use async_trait::async_trait;
 use edward_core::{CredentialStore, StoreError, StoredCredential};
-use sqlx::Row;
-use sqlx::sqlite::SqliteRow;
+use rusqlite::{Connection, params};
 use uuid::Uuid;
 
+use super::rows::Cols;
+use super::writer::sqlite_store_err;
 use super::{SqliteStore, from_micros, micros};
 use crate::error::store_err;
 
 const COLUMNS: &str = "id, user_id, provider, name, base_url, key_id, nonce, ciphertext, \
      is_default, created_at, revoked_at";
 
-fn from_row(row: &SqliteRow) -> Result<StoredCredential, StoreError> {
-    let revoked_at: Option<i64> = row.try_get("revoked_at").map_err(store_err)?;
+fn from_row(row: &impl Cols) -> Result<StoredCredential, StoreError> {
     Ok(StoredCredential {
-        id: row.try_get("id").map_err(store_err)?,
-        user_id: row.try_get("user_id").map_err(store_err)?,
-        provider: row.try_get("provider").map_err(store_err)?,
-        name: row.try_get("name").map_err(store_err)?,
-        base_url: row.try_get("base_url").map_err(store_err)?,
-        key_id: row.try_get("key_id").map_err(store_err)?,
-        nonce: row.try_get("nonce").map_err(store_err)?,
-        ciphertext: row.try_get("ciphertext").map_err(store_err)?,
-        is_default: row.try_get::<i64, _>("is_default").map_err(store_err)? != 0,
-        created_at: from_micros(row.try_get("created_at").map_err(store_err)?)?,
-        revoked_at: revoked_at.map(from_micros).transpose()?,
+        id: row.uuid("id")?,
+        user_id: row.text("user_id")?,
+        provider: row.text("provider")?,
+        name: row.text("name")?,
+        base_url: row.opt_text("base_url")?,
+        key_id: row.text("key_id")?,
+        nonce: row.blob("nonce")?,
+        ciphertext: row.blob("ciphertext")?,
+        is_default: row.int("is_default")? != 0,
+        created_at: from_micros(row.int("created_at")?)?,
+        revoked_at: row.opt_int("revoked_at")?.map(from_micros).transpose()?,
     })
+}
+
+fn se(e: rusqlite::Error) -> StoreError {
+    sqlite_store_err(&e)
+}
+
+fn put(conn: &Connection, cred: &StoredCredential) -> Result<StoredCredential, StoreError> {
+    if cred.is_default {
+        conn.prepare_cached(
+            "UPDATE credentials SET is_default = 0 WHERE user_id = ?1 AND provider = ?2 AND name <> ?3",
+        )
+        .map_err(se)?
+        .execute(params![cred.user_id, cred.provider, cred.name])
+        .map_err(se)?;
+    }
+    conn.prepare_cached(&format!(
+        "INSERT INTO credentials ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, NULL) \
+         ON CONFLICT (user_id, provider, name) DO UPDATE SET \
+           base_url = excluded.base_url, key_id = excluded.key_id, nonce = excluded.nonce, \
+           ciphertext = excluded.ciphertext, is_default = excluded.is_default, revoked_at = NULL \
+         RETURNING {COLUMNS}"
+    ))
+    .map_err(se)?
+    .query_row(
+        params![
+            cred.id,
+            cred.user_id,
+            cred.provider,
+            cred.name,
+            cred.base_url,
+            cred.key_id,
+            cred.nonce,
+            cred.ciphertext,
+            i64::from(cred.is_default),
+            micros(cred.created_at)
+        ],
+        |row| Ok(from_row(row)),
+    )
+    .map_err(se)?
+}
+
+fn revoke(conn: &Connection, (user_id, id): &(String, Uuid)) -> Result<bool, StoreError> {
+    let n = conn
+        .prepare_cached(
+            "UPDATE credentials SET revoked_at = COALESCE(revoked_at, ?1), is_default = 0 \
+             WHERE id = ?2 AND user_id = ?3",
+        )
+        .map_err(se)?
+        .execute(params![micros(chrono::Utc::now()), id, user_id])
+        .map_err(se)?;
+    Ok(n > 0)
+}
+
+fn delete(conn: &Connection, (user_id, id): &(String, Uuid)) -> Result<bool, StoreError> {
+    let n = conn
+        .prepare_cached("DELETE FROM credentials WHERE id = ?1 AND user_id = ?2")
+        .map_err(se)?
+        .execute(params![id, user_id])
+        .map_err(se)?;
+    Ok(n > 0)
 }
 
 #[async_trait]
 impl CredentialStore for SqliteStore {
     async fn put_credential(&self, cred: StoredCredential) -> Result<StoredCredential, StoreError> {
-        let mut tx = self.begin_write().await.map_err(store_err)?;
-        if cred.is_default {
-            sqlx::query("UPDATE credentials SET is_default = 0 WHERE user_id = ? AND provider = ? AND name <> ?")
-                .bind(&cred.user_id)
-                .bind(&cred.provider)
-                .bind(&cred.name)
-                .execute(&mut *tx)
-                .await
-                .map_err(store_err)?;
-        }
-        let row = sqlx::query(&format!(
-            "INSERT INTO credentials ({COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL) \
-             ON CONFLICT (user_id, provider, name) DO UPDATE SET \
-               base_url = excluded.base_url, key_id = excluded.key_id, nonce = excluded.nonce, \
-               ciphertext = excluded.ciphertext, is_default = excluded.is_default, revoked_at = NULL \
-             RETURNING {COLUMNS}"
-        ))
-        .bind(cred.id)
-        .bind(&cred.user_id)
-        .bind(&cred.provider)
-        .bind(&cred.name)
-        .bind(&cred.base_url)
-        .bind(&cred.key_id)
-        .bind(&cred.nonce)
-        .bind(&cred.ciphertext)
-        .bind(i64::from(cred.is_default))
-        .bind(micros(cred.created_at))
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(store_err)?;
-        let stored = from_row(&row)?;
-        tx.commit().await.map_err(store_err)?;
-        Ok(stored)
+        self.jobs.run(cred, put).await
     }
 
     async fn get_credential(
@@ -128,26 +156,10 @@ impl CredentialStore for SqliteStore {
     }
 
     async fn revoke_credential(&self, user_id: &str, id: Uuid) -> Result<bool, StoreError> {
-        let done = sqlx::query(
-            "UPDATE credentials SET revoked_at = COALESCE(revoked_at, ?), is_default = 0 \
-             WHERE id = ? AND user_id = ?",
-        )
-        .bind(micros(chrono::Utc::now()))
-        .bind(id)
-        .bind(user_id)
-        .execute(&self.writer())
-        .await
-        .map_err(store_err)?;
-        Ok(done.rows_affected() > 0)
+        self.jobs.run((user_id.to_owned(), id), revoke).await
     }
 
     async fn delete_credential(&self, user_id: &str, id: Uuid) -> Result<bool, StoreError> {
-        let done = sqlx::query("DELETE FROM credentials WHERE id = ? AND user_id = ?")
-            .bind(id)
-            .bind(user_id)
-            .execute(&self.writer())
-            .await
-            .map_err(store_err)?;
-        Ok(done.rows_affected() > 0)
+        self.jobs.run((user_id.to_owned(), id), delete).await
     }
 }

@@ -1,203 +1,173 @@
-//! Group commit for [`super::SqliteStore`]: one writer task (on its own
-//! thread) drains the write requests of every run — appends, claims,
-//! heartbeats, checkpoints, effects, status changes — into **one**
-//! `BEGIN IMMEDIATE` transaction per tick, then answers each request with its
-//! own result.
+//! Group commit for [`super::SqliteStore`]: one writer **thread** owns the
+//! one write connection (rusqlite, synchronous) and drains the write
+//! requests of every run — appends, claims, admissions, heartbeats,
+//! checkpoints, effects, status changes — into **one** `BEGIN IMMEDIATE`
+//! transaction per tick, then answers each request with its own result.
+//!
+//! Why a plain thread and a synchronous connection: every statement on an
+//! async SQLite connection is a hand-off to the connection's worker thread
+//! and back (a context switch each way, and on a busy two-core machine a
+//! wait for the scheduler). A tick of a few hundred appends made of a few
+//! thousand statements then spent most of its time in hand-offs. Here a
+//! tick runs its statements back to back, with cached prepared statements.
 //!
 //! A tick runs claims and admissions first (so starting runs is never
-//! starved by a flood of appends), then the other jobs in arrival order, then all
-//! appends of the tick together: one `SELECT` of the runs' fences and last
-//! seqs, the checks in Rust, one `UPDATE … FROM (VALUES …)` of the last seqs
-//! and multi-row `INSERT`s of all events. Seqs stay gap-free per run because
-//! they are computed inside the write transaction from the stored `last_seq`.
+//! starved by a flood of appends), then the other jobs in arrival order,
+//! then the appends. Each request runs inside its own `SAVEPOINT`: a
+//! request that fails (refused by a check, or by the database) is rolled
+//! back to its savepoint and answered with its error, and the others commit.
+//! Seqs stay gap-free per run because each append reads the run's newest
+//! stored seq inside the write transaction (two appends of one run in a
+//! tick see each other's events).
 //!
 //! Requests in one tick were all pending at once (none was answered before
 //! the commit), so any order among them is a valid serialization.
 //!
-//! A request refused by a check (stale fence, finished run, lost lease …)
-//! writes nothing before it is refused, so it does not disturb the others. A
-//! request that fails in the database (or cannot be decoded) may have left
-//! part of its writes in the transaction: the tick is rolled back and each of
-//! its requests is run again alone, in its own transaction, so one bad
-//! request never fails the others.
+//! The WAL is kept short: see [`super::checkpoint`]. The writer takes part
+//! only at the end of a cycle, when the background checkpointer has copied
+//! nearly everything: it copies the last few frames itself between two
+//! ticks, so that its next transaction starts the WAL over from the
+//! beginning (a checkpoint running beside a busy writer can never finish
+//! all frames, and without that the WAL grew by gigabytes under load).
 
-use std::collections::HashMap;
-use std::sync::{Arc, RwLock};
-use std::time::Duration;
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use edward_core::{AdmitError, Fence, NewEvent, QueueError, RunEvent, RunId, StoreError};
-use futures::future::BoxFuture;
-use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions};
-use sqlx::{Row, Sqlite, SqliteConnection, Transaction};
-use tokio::sync::{mpsc, oneshot};
-use uuid::Uuid;
+use rusqlite::{Connection, OpenFlags, params};
+use tokio::sync::oneshot;
 
-use crate::common::{StoreOptions, diagnose, json_text, parse_status, to_u64};
-use crate::error::is_retryable;
+use super::checkpoint::Checkpointer;
+use crate::common::{diagnose, json_text, parse_status, to_u64};
 
 /// Requests taken into one tick at most (bounds a tick's latency).
-const MAX_TICK: usize = 1024;
+const MAX_TICK: usize = 2048;
 
-/// Rows per multi-row `INSERT` of events (5 parameters each; SQLite allows 32,766).
-const INSERT_ROWS: usize = 512;
+/// A request body that takes longer than this is logged (debug).
+const SLOW_REQUEST: Duration = Duration::from_millis(2);
 
-/// The one-connection writer pool, replaced when its connection is left
-/// broken (a failed `COMMIT` on a full disk).
-#[derive(Debug)]
-pub(crate) struct WriterPool {
-    current: RwLock<(u64, SqlitePool)>,
-    /// How to build a new writer pool (`None` for in-memory databases,
-    /// whose data lives in the one connection).
-    rebuild: Option<(SqliteConnectOptions, StoreOptions)>,
-    /// The connection that checkpoints the WAL (`None` in memory).
-    checkpoint: Option<SqlitePool>,
+/// Prepared statements kept per connection.
+const STATEMENT_CACHE: usize = 128;
+
+/// How the writer thread opens (and, after a failure, reopens) its connection.
+#[derive(Debug, Clone)]
+pub(crate) struct WriterConfig {
+    /// The database file.
+    pub path: PathBuf,
+    /// How long a write waits for the lock held by another process.
+    pub busy_timeout: Duration,
 }
 
-impl WriterPool {
-    pub(crate) fn new(
-        pool: SqlitePool,
-        rebuild: Option<(SqliteConnectOptions, StoreOptions)>,
-        checkpoint: Option<SqlitePool>,
-    ) -> Self {
-        WriterPool {
-            current: RwLock::new((0, pool)),
-            rebuild,
-            checkpoint,
-        }
+impl WriterConfig {
+    /// Open the write connection with its pragmas.
+    pub(crate) fn open(&self) -> rusqlite::Result<Connection> {
+        // Not `CREATE`: the file was created and migrated when the store
+        // was opened; if it is gone, writing must fail, not start afresh.
+        let conn = Connection::open_with_flags(
+            &self.path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )?;
+        conn.busy_timeout(self.busy_timeout)?;
+        conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
+        conn.execute_batch(
+            "PRAGMA journal_mode = WAL;
+             PRAGMA synchronous = NORMAL;
+             -- The writer never checkpoints on commit: a checkpoint copies
+             -- pages and fsyncs, in the middle of a group commit. The
+             -- checkpointer thread does, beside it (super::checkpoint).
+             PRAGMA wal_autocheckpoint = 0;
+             -- After the WAL starts over, a file grown larger by a burst
+             -- is cut back to this (bytes); below it, the file is reused.
+             PRAGMA journal_size_limit = 268435456;
+             -- Statement journals of savepoints in memory, not temp files.
+             PRAGMA temp_store = MEMORY;
+             -- Room for a tick's pages without spilling them mid-transaction.
+             PRAGMA cache_size = -16384;",
+        )?;
+        Ok(conn)
     }
+}
 
-    /// Close the writer and checkpoint connections.
-    pub(crate) async fn close(&self) {
-        self.pool().close().await;
-        if let Some(checkpoint) = &self.checkpoint {
-            checkpoint.close().await;
-        }
-    }
+/// The writer's connection, reopened when it is left unusable.
+struct WriteConn {
+    config: WriterConfig,
+    conn: Option<Connection>,
+}
 
-    /// The writer pool and its generation.
-    fn current(&self) -> (u64, SqlitePool) {
-        self.current
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
-    }
-
-    pub(crate) fn pool(&self) -> SqlitePool {
-        self.current().1
-    }
-
-    /// `BEGIN IMMEDIATE` on the writer connection, replacing it first if
-    /// it is broken.
-    pub(crate) async fn begin(&self) -> Result<Transaction<'static, Sqlite>, sqlx::Error> {
-        let (generation, pool) = self.current();
-        match pool.begin_with("BEGIN IMMEDIATE").await {
-            Err(e) if connection_is_broken(&e) => {
-                // A failed COMMIT (e.g. "database or disk is full") can leave
-                // the one writer connection inside a transaction that sqlx
-                // no longer tracks: every later write would fail. Replace it.
-                self.recover(generation, &e).await?;
-                self.pool().begin_with("BEGIN IMMEDIATE").await
-            }
-            r => r,
-        }
-    }
-
-    /// Replace the writer pool of generation `broken` (if no one did already)
-    /// with a new one; the old connection is closed, which rolls back
-    /// whatever it had open.
-    async fn recover(&self, broken: u64, cause: &sqlx::Error) -> Result<(), sqlx::Error> {
-        let Some((connect, options)) = &self.rebuild else {
-            return Ok(());
+impl WriteConn {
+    fn get(&mut self) -> rusqlite::Result<&Connection> {
+        let conn = match self.conn.take() {
+            Some(conn) => conn,
+            None => self.config.open()?,
         };
-        tracing::warn!(error = %cause, "SQLite writer connection is broken; reconnecting");
-        let fresh = writer_pool(connect, options, false).await?;
-        let old = {
-            let mut w = self
-                .current
-                .write()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            if w.0 != broken {
-                None
-            } else {
-                Some(std::mem::replace(&mut *w, (broken + 1, fresh.clone())).1)
-            }
-        };
-        match old {
-            Some(old) => old.close().await,
-            None => fresh.close().await,
+        Ok(self.conn.insert(conn))
+    }
+
+    /// Make sure no transaction is left open (a failed `COMMIT`, e.g. on a
+    /// full disk, may leave one); drop the connection if that fails, so the
+    /// next tick opens a fresh one.
+    fn settle(&mut self) {
+        let Some(conn) = &self.conn else { return };
+        if !conn.is_autocommit() && conn.execute_batch("ROLLBACK").is_err() {
+            tracing::warn!("SQLite writer connection is broken; reopening it");
+            self.conn = None;
         }
-        Ok(())
     }
 }
 
-/// The one-connection writer pool.
-pub(crate) async fn writer_pool(
-    connect: &SqliteConnectOptions,
-    store: &StoreOptions,
-    in_memory: bool,
-) -> Result<SqlitePool, sqlx::Error> {
-    SqlitePoolOptions::new()
-        .max_connections(1)
-        .acquire_timeout(store.acquire_timeout)
-        .test_before_acquire(false)
-        // An in-memory database lives only as long as its connection.
-        .idle_timeout(if in_memory {
-            None
-        } else {
-            Some(Duration::from_secs(600))
-        })
-        .max_lifetime(if in_memory {
-            None
-        } else {
-            Some(Duration::from_secs(1800))
-        })
-        .connect_with(connect.clone())
-        .await
+/// Whether retrying may help after `err`: `BUSY`/`LOCKED` (another
+/// process), I/O errors and a full disk (space can be freed).
+pub(crate) fn sqlite_retryable(err: &rusqlite::Error) -> bool {
+    use rusqlite::ErrorCode::*;
+    matches!(
+        err.sqlite_error_code(),
+        Some(DatabaseBusy | DatabaseLocked | SystemIoFailure | DiskFull)
+    )
 }
 
-/// Whether the writer connection can no longer start transactions: sqlx
-/// still counts an earlier transaction as open (its COMMIT failed).
-fn connection_is_broken(e: &sqlx::Error) -> bool {
-    e.to_string().contains("non-zero transaction depth")
+/// `err` as a store error (retryable when [`sqlite_retryable`]).
+pub(crate) fn sqlite_store_err(err: &rusqlite::Error) -> StoreError {
+    let retryable = sqlite_retryable(err);
+    tracing::debug!(error = %err, retryable, "SQLite write failed");
+    StoreError::Backend {
+        message: err.to_string(),
+        retryable,
+    }
+}
+
+/// `err` as a queue error (retryable when [`sqlite_retryable`]).
+pub(crate) fn sqlite_queue_err(err: &rusqlite::Error) -> QueueError {
+    QueueError::Backend {
+        message: err.to_string(),
+        retryable: sqlite_retryable(err),
+    }
 }
 
 /// An error type a job can answer with.
 pub(crate) trait JobError: Send + 'static {
     /// The request's transaction did not commit (or never began).
-    fn from_sqlx(err: &sqlx::Error) -> Self;
-    /// The writer is gone (the store was dropped while a request waited).
+    fn from_sqlite(err: &rusqlite::Error) -> Self;
+    /// The writer is gone (the store was closed while a request waited).
     fn writer_gone() -> Self;
-    /// Whether the failure may have left part of the job's writes behind
-    /// (a database or decoding error), so the tick must be rolled back.
-    fn suspect(&self) -> bool;
-}
-
-fn backend_message(err: &sqlx::Error) -> (String, bool) {
-    let retryable = is_retryable(err);
-    tracing::debug!(error = %err, retryable, "SQLite write failed");
-    (err.to_string(), retryable)
 }
 
 const WRITER_GONE: &str = "the SQLite writer has stopped (store closed)";
 
 impl JobError for StoreError {
-    fn from_sqlx(err: &sqlx::Error) -> Self {
-        let (message, retryable) = backend_message(err);
-        StoreError::Backend { message, retryable }
+    fn from_sqlite(err: &rusqlite::Error) -> Self {
+        sqlite_store_err(err)
     }
     fn writer_gone() -> Self {
         StoreError::permanent(WRITER_GONE)
     }
-    fn suspect(&self) -> bool {
-        matches!(self, StoreError::Backend { .. } | StoreError::Corrupt(_))
-    }
 }
 
 impl JobError for QueueError {
-    fn from_sqlx(err: &sqlx::Error) -> Self {
-        let (message, retryable) = backend_message(err);
-        QueueError::Backend { message, retryable }
+    fn from_sqlite(err: &rusqlite::Error) -> Self {
+        sqlite_queue_err(err)
     }
     fn writer_gone() -> Self {
         QueueError::Backend {
@@ -205,42 +175,31 @@ impl JobError for QueueError {
             retryable: false,
         }
     }
-    fn suspect(&self) -> bool {
-        matches!(self, QueueError::Backend { .. })
-    }
 }
 
 impl JobError for AdmitError {
-    fn from_sqlx(err: &sqlx::Error) -> Self {
-        AdmitError::Store(StoreError::from_sqlx(err))
+    fn from_sqlite(err: &rusqlite::Error) -> Self {
+        AdmitError::Store(StoreError::from_sqlite(err))
     }
     fn writer_gone() -> Self {
         AdmitError::Store(StoreError::writer_gone())
     }
-    fn suspect(&self) -> bool {
-        match self {
-            AdmitError::Store(e) => e.suspect(),
-            _ => false,
-        }
-    }
 }
 
 /// The body of a job: runs on the writer connection inside the tick's
-/// transaction, borrowing the job's data (so it can run again alone).
-pub(crate) type Exec<D, T, E> =
-    for<'c> fn(&'c mut SqliteConnection, &'c D) -> BoxFuture<'c, Result<T, E>>;
-
-/// Something a tick runs in its transaction.
-trait Work: Send {
-    /// Run in the open transaction; `true` if it failed suspectly.
-    fn run<'c>(&'c mut self, conn: &'c mut SqliteConnection) -> BoxFuture<'c, bool>;
-}
+/// transaction (in a savepoint of its own). An `Err` rolls back whatever it
+/// wrote.
+pub(crate) type Exec<D, T, E> = fn(&Connection, &D) -> Result<T, E>;
 
 /// A queued write other than an append.
-trait Job: Work {
-    /// Answer with the job's result, or with `failed` when its transaction
-    /// did not commit.
-    fn answer(self: Box<Self>, failed: Option<&sqlx::Error>);
+trait Job: Send {
+    /// Run inside the open transaction, in its own savepoint. `Err` when the
+    /// savepoint itself failed: the transaction may then hold part of the
+    /// job's writes and must be rolled back whole.
+    fn run(&mut self, conn: &Connection) -> rusqlite::Result<()>;
+    /// Answer with the job's result, or with `failed` when the tick's
+    /// transaction did not commit.
+    fn answer(self: Box<Self>, failed: Option<&rusqlite::Error>);
 }
 
 struct OpJob<D, T, E> {
@@ -250,36 +209,51 @@ struct OpJob<D, T, E> {
     reply: oneshot::Sender<Result<T, E>>,
 }
 
-impl<D, T, E> Work for OpJob<D, T, E>
-where
-    D: Send + Sync,
-    T: Send,
-    E: JobError,
-{
-    fn run<'c>(&'c mut self, conn: &'c mut SqliteConnection) -> BoxFuture<'c, bool> {
-        Box::pin(async move {
-            let result = (self.exec)(conn, &self.data).await;
-            let suspect = matches!(&result, Err(e) if e.suspect());
-            self.result = Some(result);
-            suspect
-        })
-    }
-}
-
 impl<D, T, E> Job for OpJob<D, T, E>
 where
-    D: Send + Sync,
+    D: Send,
     T: Send,
     E: JobError,
 {
-    fn answer(self: Box<Self>, failed: Option<&sqlx::Error>) {
+    fn run(&mut self, conn: &Connection) -> rusqlite::Result<()> {
+        let began = Instant::now();
+        self.result = Some(in_savepoint(conn, || (self.exec)(conn, &self.data))?);
+        let took = began.elapsed();
+        if took > SLOW_REQUEST {
+            tracing::debug!(
+                request = std::any::type_name::<D>(),
+                us = took.as_micros() as u64,
+                "slow SQLite write request"
+            );
+        }
+        Ok(())
+    }
+
+    fn answer(self: Box<Self>, failed: Option<&rusqlite::Error>) {
         let result = match (failed, self.result) {
-            (Some(err), _) => Err(E::from_sqlx(err)),
+            (Some(err), _) => Err(E::from_sqlite(err)),
             (None, Some(result)) => result,
             (None, None) => Err(E::writer_gone()),
         };
         let _ = self.reply.send(result);
     }
+}
+
+/// Run `body` in a savepoint: released when it succeeds, rolled back when
+/// it fails, so a failed request leaves nothing in the tick's transaction.
+/// The outer `Err`: the savepoint statements themselves failed.
+fn in_savepoint<T, E>(
+    conn: &Connection,
+    body: impl FnOnce() -> Result<T, E>,
+) -> rusqlite::Result<Result<T, E>> {
+    let step = |sql: &str| conn.prepare_cached(sql).and_then(|mut s| s.execute([]));
+    step("SAVEPOINT request")?;
+    let result = body();
+    if result.is_err() {
+        step("ROLLBACK TO request")?;
+    }
+    step("RELEASE request")?;
+    Ok(result)
 }
 
 /// An `append_events` request (checked for the terminal event and the
@@ -289,29 +263,18 @@ struct Append {
     fence: Fence,
     fence_i64: i64,
     events: Vec<NewEvent>,
+    /// The payloads as JSON text, made by the caller (the writer thread
+    /// is the one thread every append goes through: it should only write).
+    payloads: Vec<String>,
     /// First seq and time, once placed in the tick's transaction.
     placed: Option<Result<(i64, DateTime<Utc>), StoreError>>,
     reply: oneshot::Sender<Result<Vec<RunEvent>, StoreError>>,
 }
 
-impl Work for Append {
-    fn run<'c>(&'c mut self, conn: &'c mut SqliteConnection) -> BoxFuture<'c, bool> {
-        Box::pin(async move {
-            match place_appends(conn, std::slice::from_mut(self)).await {
-                Ok(()) => false,
-                Err(e) => {
-                    self.placed = Some(Err(StoreError::from_sqlx(&e)));
-                    true
-                }
-            }
-        })
-    }
-}
-
 impl Append {
-    fn answer(self, failed: Option<&sqlx::Error>) {
+    fn answer(self, failed: Option<&rusqlite::Error>) {
         let result = match (failed, self.placed) {
-            (Some(err), _) => Err(StoreError::from_sqlx(err)),
+            (Some(err), _) => Err(StoreError::from_sqlite(err)),
             (None, Some(Ok((first, at)))) => self
                 .events
                 .into_iter()
@@ -337,36 +300,28 @@ enum Request {
     Priority(Box<dyn Job>),
     Job(Box<dyn Job>),
     Append(Append),
+    /// Stop after the requests queued before it.
+    Close(oneshot::Sender<()>),
 }
 
-/// Handle to the writer task; cheap to clone. The task ends when the last
-/// handle is dropped.
+/// Handle to the writer thread; cheap to clone. The thread ends when the
+/// store is closed or the last handle is dropped.
 #[derive(Debug, Clone)]
 pub(crate) struct Writer {
-    tx: mpsc::UnboundedSender<Request>,
+    tx: mpsc::Sender<Request>,
 }
 
 impl Writer {
-    /// Start the writer task on its own thread (a current-thread runtime),
-    /// so it does not depend on the caller's runtime staying alive.
-    pub(crate) fn spawn(pool: Arc<WriterPool>) -> std::io::Result<Writer> {
-        let (tx, rx) = mpsc::unbounded_channel();
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
+    /// Start the writer thread, and the checkpointer thread beside it.
+    pub(crate) fn spawn(config: WriterConfig) -> std::io::Result<Writer> {
+        let (tx, rx) = mpsc::channel();
+        let checkpointer = Checkpointer::spawn(config.clone())?;
         std::thread::Builder::new()
             .name("edward-sqlite-writer".into())
             .spawn(move || {
-                runtime.block_on(async move {
-                    let checkpoints = pool
-                        .checkpoint
-                        .clone()
-                        .map(|c| tokio::spawn(checkpoints(c)));
-                    writer_loop(pool, rx).await;
-                    if let Some(task) = checkpoints {
-                        task.abort();
-                    }
-                })
+                let conn = WriteConn { config, conn: None };
+                writer_loop(conn, rx, &checkpointer);
+                checkpointer.stop();
             })?;
         Ok(Writer { tx })
     }
@@ -374,7 +329,7 @@ impl Writer {
     /// Queue a job and wait for its answer.
     pub(crate) async fn run<D, T, E>(&self, data: D, exec: Exec<D, T, E>) -> Result<T, E>
     where
-        D: Send + Sync + 'static,
+        D: Send + 'static,
         T: Send + 'static,
         E: JobError,
     {
@@ -386,16 +341,16 @@ impl Writer {
     /// its answer.
     pub(crate) async fn priority<D, T, E>(&self, data: D, exec: Exec<D, T, E>) -> Result<T, E>
     where
-        D: Send + Sync + 'static,
+        D: Send + 'static,
         T: Send + 'static,
         E: JobError,
     {
         self.send(data, exec, true).await
     }
 
-    async fn send<D, T, E>(&self, data: D, exec: Exec<D, T, E>, claim: bool) -> Result<T, E>
+    async fn send<D, T, E>(&self, data: D, exec: Exec<D, T, E>, first: bool) -> Result<T, E>
     where
-        D: Send + Sync + 'static,
+        D: Send + 'static,
         T: Send + 'static,
         E: JobError,
     {
@@ -406,7 +361,7 @@ impl Writer {
             result: None,
             reply,
         });
-        let request = if claim {
+        let request = if first {
             Request::Priority(job)
         } else {
             Request::Job(job)
@@ -426,11 +381,13 @@ impl Writer {
         events: Vec<NewEvent>,
     ) -> Result<Vec<RunEvent>, StoreError> {
         let (reply, answer) = oneshot::channel();
+        let payloads = events.iter().map(|e| json_text(&e.payload)).collect();
         let append = Append {
             run_id,
             fence,
             fence_i64,
             events,
+            payloads,
             placed: None,
             reply,
         };
@@ -441,232 +398,311 @@ impl Writer {
             .await
             .unwrap_or_else(|_| Err(StoreError::writer_gone()))
     }
+
+    /// Stop the writer after what is queued; later requests fail with
+    /// "writer stopped". Returns when its connection is closed.
+    pub(crate) async fn close(&self) {
+        let (done, closed) = oneshot::channel();
+        if self.tx.send(Request::Close(done)).is_ok() {
+            let _ = closed.await;
+        }
+    }
 }
 
-/// How often the WAL is checkpointed (passively: never waits for readers
-/// or the writer).
-const CHECKPOINT_EVERY: Duration = Duration::from_millis(200);
+/// What one turn of the writer loop decided.
+enum Turn {
+    Continue,
+    Stop,
+}
 
-async fn checkpoints(pool: SqlitePool) {
-    let mut every = tokio::time::interval(CHECKPOINT_EVERY);
-    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+fn writer_loop(mut conn: WriteConn, rx: mpsc::Receiver<Request>, checkpointer: &Checkpointer) {
+    let mut pending: VecDeque<Request> = VecDeque::new();
     loop {
-        every.tick().await;
-        if pool.is_closed() {
-            return;
-        }
-        if let Err(e) = sqlx::query("PRAGMA wal_checkpoint(PASSIVE)")
-            .execute(&pool)
-            .await
-        {
-            tracing::debug!(error = %e, "WAL checkpoint failed; retrying later");
+        // Nothing may stop the store's only writer — not a bug in a request
+        // body, not a log line that cannot be written (tracing reports a
+        // failed write to stderr with `eprintln!`, which panics when stderr
+        // is a closed pipe): the requests of the turn lose their answers
+        // (their callers see the writer as gone), the connection is rolled
+        // back, and the loop goes on.
+        let turn = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            writer_turn(&mut conn, &rx, &mut pending, checkpointer)
+        }));
+        match turn {
+            Ok(Turn::Continue) => {}
+            Ok(Turn::Stop) => return,
+            Err(_) => {
+                conn.settle();
+                let _ = std::panic::catch_unwind(|| {
+                    tracing::error!("the SQLite writer panicked; its tick was rolled back");
+                });
+            }
         }
     }
 }
 
-async fn writer_loop(pool: Arc<WriterPool>, mut rx: mpsc::UnboundedReceiver<Request>) {
-    let mut buf = Vec::with_capacity(MAX_TICK);
-    while rx.recv_many(&mut buf, MAX_TICK).await > 0 {
-        let mut jobs: Vec<Box<dyn Job>> = Vec::with_capacity(buf.len());
-        let mut others = Vec::new();
-        let mut appends = Vec::new();
-        for request in buf.drain(..) {
-            match request {
-                Request::Priority(job) => jobs.push(job),
-                Request::Job(job) => others.push(job),
-                Request::Append(append) => appends.push(append),
+fn writer_turn(
+    conn: &mut WriteConn,
+    rx: &mpsc::Receiver<Request>,
+    pending: &mut VecDeque<Request>,
+    checkpointer: &Checkpointer,
+) -> Turn {
+    // Wait for work, then take everything queued (up to MAX_TICK).
+    if pending.is_empty() {
+        match rx.recv() {
+            Ok(r) => pending.push_back(r),
+            Err(_) => return Turn::Stop,
+        }
+    }
+    while pending.len() < MAX_TICK {
+        match rx.try_recv() {
+            Ok(r) => pending.push_back(r),
+            Err(_) => break,
+        }
+    }
+    let mut jobs: Vec<Box<dyn Job>> = Vec::new();
+    let mut others: Vec<Box<dyn Job>> = Vec::new();
+    let mut appends = Vec::new();
+    let mut close = None;
+    while let Some(request) = pending.pop_front() {
+        match request {
+            Request::Priority(job) => jobs.push(job),
+            Request::Job(job) => others.push(job),
+            Request::Append(append) => appends.push(append),
+            Request::Close(done) => {
+                close = Some(done);
+                break;
             }
         }
-        jobs.append(&mut others);
-        let (n_jobs, n_appends) = (jobs.len(), appends.len());
-        let began = std::time::Instant::now();
-        tick(&pool, jobs, appends).await;
-        tracing::trace!(
-            jobs = n_jobs,
-            appends = n_appends,
+    }
+    jobs.append(&mut others);
+    if !jobs.is_empty() || !appends.is_empty() {
+        tick(conn, jobs, appends);
+    }
+    if let Some(done) = close {
+        // Answer what arrived after the close, then stop.
+        while let Ok(request) = rx.try_recv() {
+            refuse(request);
+        }
+        for request in pending.drain(..) {
+            refuse(request);
+        }
+        conn.conn = None;
+        let _ = done.send(());
+        return Turn::Stop;
+    }
+    if checkpointer.take_reset_request() {
+        finish_cycle(conn);
+    }
+    Turn::Continue
+}
+
+fn refuse(request: Request) {
+    match request {
+        Request::Priority(job) | Request::Job(job) => job.answer(None),
+        Request::Append(append) => append.answer(None),
+        Request::Close(done) => {
+            let _ = done.send(());
+        }
+    }
+}
+
+/// Copy the WAL frames the checkpointer has not yet copied, between two
+/// ticks (no frame is added meanwhile), so that the next transaction starts
+/// the WAL over. Passive: a reader still using old frames makes it stop
+/// short, and the checkpointer asks again later.
+fn finish_cycle(conn: &mut WriteConn) {
+    let Ok(c) = conn.get() else { return };
+    let began = Instant::now();
+    let result: rusqlite::Result<(i64, i64, i64)> =
+        c.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |row| {
+            Ok((row.get(0)?, row.get(1)?, row.get(2)?))
+        });
+    match result {
+        Ok((busy, log, done)) => tracing::debug!(
+            busy,
+            log,
+            done,
             us = began.elapsed().as_micros() as u64,
-            "group commit"
-        );
+            "writer finished a WAL cycle"
+        ),
+        Err(e) => tracing::debug!(error = %e, "writer checkpoint failed; the checkpointer retries"),
     }
 }
 
-/// One tick: everything in one transaction; on a suspect failure or a
-/// failed commit, every request again alone.
-async fn tick(pool: &WriterPool, mut jobs: Vec<Box<dyn Job>>, mut appends: Vec<Append>) {
-    let mut tx = match pool.begin().await {
-        Ok(tx) => tx,
-        Err(e) => {
-            // The write lock could not be had (another process held it past
-            // the busy timeout) or the connection failed: nothing was done.
-            for job in jobs {
-                job.answer(Some(&e));
-            }
-            for append in appends {
-                append.answer(Some(&e));
-            }
-            return;
-        }
+/// One tick: everything in one transaction, each request in its own
+/// savepoint; when the transaction cannot begin or commit (or a savepoint
+/// fails), it is rolled back and every request is answered with that error.
+fn tick(conn: &mut WriteConn, mut jobs: Vec<Box<dyn Job>>, mut appends: Vec<Append>) {
+    let failed = match conn.get() {
+        Err(e) => Some(e),
+        Ok(c) => run_tick(c, &mut jobs, &mut appends).err(),
     };
-    let mut suspect = false;
-    for job in jobs.iter_mut() {
-        if job.run(&mut tx).await {
-            suspect = true;
-            break;
-        }
+    if let Some(e) = &failed {
+        tracing::warn!(error = %e, jobs = jobs.len(), appends = appends.len(), "SQLite group commit failed");
+        conn.settle();
     }
-    if !suspect && !appends.is_empty() {
-        suspect = place_appends(&mut tx, &mut appends).await.is_err();
-    }
-    if !suspect {
-        match tx.commit().await {
-            Ok(()) => {
-                for job in jobs {
-                    job.answer(None);
-                }
-                for append in appends {
-                    append.answer(None);
-                }
-                return;
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "group commit failed; retrying its requests one by one")
-            }
-        }
-    } else {
-        if let Err(e) = tx.rollback().await {
-            tracing::warn!(error = %e, "rolling back a group commit failed");
-        }
-        tracing::debug!("a request failed inside a group commit; retrying them one by one");
-    }
-    for mut job in jobs {
-        let failed = alone(pool, &mut *job).await;
+    for job in jobs {
         job.answer(failed.as_ref());
     }
-    for mut append in appends {
-        let failed = alone(pool, &mut append).await;
+    for append in appends {
         append.answer(failed.as_ref());
     }
 }
 
-/// Run one request in its own transaction. Its own (suspect) failure rolls
-/// back its transaction and is its answer; `Some` when it could not commit.
-async fn alone(pool: &WriterPool, work: &mut dyn Work) -> Option<sqlx::Error> {
-    let mut tx = match pool.begin().await {
-        Ok(tx) => tx,
-        Err(e) => return Some(e),
-    };
-    if work.run(&mut tx).await {
-        // Its own failure is its answer.
-        let _ = tx.rollback().await;
-        return None;
+fn run_tick(
+    c: &Connection,
+    jobs: &mut [Box<dyn Job>],
+    appends: &mut [Append],
+) -> rusqlite::Result<()> {
+    let began = Instant::now();
+    c.execute_batch("BEGIN IMMEDIATE")?;
+    let locked = began.elapsed();
+    for job in jobs.iter_mut() {
+        job.run(c)?;
     }
-    tx.commit().await.err()
+    let jobs_done = began.elapsed();
+    place_appends(c, appends)?;
+    let appends_done = began.elapsed();
+    c.execute_batch("COMMIT")?;
+    let us = |d: Duration| d.as_micros() as u64;
+    tracing::trace!(
+        jobs = jobs.len(),
+        appends = appends.len(),
+        begin_us = us(locked),
+        jobs_us = us(jobs_done - locked),
+        appends_us = us(appends_done - jobs_done),
+        commit_us = us(began.elapsed() - appends_done),
+        "group commit"
+    );
+    Ok(())
 }
 
-/// Place every append of the tick: check each against its run's stored
-/// fence and status (in order, so two appends of one run both get seqs),
-/// then write all seqs and events. `Err` only for a database failure; a
-/// refused append gets its error in `placed` and writes nothing.
-async fn place_appends(
-    conn: &mut SqliteConnection,
-    appends: &mut [Append],
-) -> Result<(), sqlx::Error> {
-    // The stored state of each run, in one query.
-    let mut ids: Vec<Uuid> = appends.iter().map(|a| a.run_id.0).collect();
-    ids.sort_unstable();
-    ids.dedup();
-    let mut state: HashMap<Uuid, Result<(edward_core::RunStatus, i64, i64), StoreError>> =
-        HashMap::with_capacity(ids.len());
-    for chunk in ids.chunks(INSERT_ROWS) {
-        let mut select: sqlx::QueryBuilder<'_, Sqlite> =
-            sqlx::QueryBuilder::new("SELECT id, status, fence, last_seq FROM runs WHERE id IN (");
-        let mut list = select.separated(", ");
-        for id in chunk {
-            list.push_bind(*id);
-        }
-        select.push(")");
-        for row in select.build().fetch_all(&mut *conn).await? {
-            let id: Uuid = row.try_get(0)?;
-            let status: String = row.try_get(1)?;
-            let fence: i64 = row.try_get(2)?;
-            let last_seq: i64 = row.try_get(3)?;
-            state.insert(id, parse_status(&status).map(|s| (s, fence, last_seq)));
-        }
-    }
-    // Checks and seqs, in arrival order.
+/// Place every append of the tick, in arrival order: check it against its
+/// run's stored fence and status and insert its events with the seqs after
+/// its newest — each append in its own savepoint. The run's row is not
+/// written (its last seq is its newest event's).
+fn place_appends(conn: &Connection, appends: &mut [Append]) -> rusqlite::Result<()> {
     let at = super::now();
-    let mut last_seqs: HashMap<Uuid, i64> = HashMap::new();
-    for a in appends.iter_mut() {
-        let placed = match state.get_mut(&a.run_id.0) {
-            None => Err(StoreError::NotFound { run_id: a.run_id }),
-            Some(Err(e)) => Err(StoreError::Corrupt(e.to_string())),
-            Some(Ok((status, fence, last_seq))) => {
-                if *fence <= a.fence_i64 && !status.is_terminal() {
-                    let first = *last_seq + 1;
-                    let n = a.events.len() as i64;
-                    if n > 0 {
-                        *last_seq += n;
-                        last_seqs.insert(a.run_id.0, *last_seq);
-                    }
-                    Ok((first, at))
-                } else {
-                    let current = to_u64(*fence, "fence").map(Fence);
-                    match current {
-                        Ok(current) => {
-                            Err(diagnose(a.run_id, Some((*status, current)), a.fence, true))
-                        }
-                        Err(e) => Err(e),
-                    }
-                }
-            }
-        };
-        a.placed = Some(placed);
-    }
-    if last_seqs.is_empty() {
-        return Ok(());
-    }
-    // One UPDATE of the runs' last seqs.
     let at_us = at.timestamp_micros();
-    let runs: Vec<(Uuid, i64)> = last_seqs.into_iter().collect();
-    for chunk in runs.chunks(INSERT_ROWS) {
-        let mut update: sqlx::QueryBuilder<'_, Sqlite> = sqlx::QueryBuilder::new(
-            "UPDATE runs SET last_seq = v.column2, updated_at = v.column3 FROM (",
-        );
-        update.push_values(chunk, |mut row, (id, last)| {
-            row.push_bind(*id).push_bind(*last).push_bind(at_us);
-        });
-        update.push(") AS v WHERE runs.id = v.column1");
-        update.build().execute(&mut *conn).await?;
-    }
-    // Multi-row INSERTs of every placed event.
-    let rows: Vec<(Uuid, i64, &str, String)> = appends
-        .iter()
-        .filter_map(|a| match &a.placed {
-            Some(Ok((first, _))) => Some((a, *first)),
-            _ => None,
-        })
-        .flat_map(|(a, first)| {
-            a.events.iter().enumerate().map(move |(i, e)| {
-                (
-                    a.run_id.0,
-                    first + i as i64,
-                    e.kind.as_str(),
-                    json_text(&e.payload),
-                )
-            })
-        })
-        .collect();
-    for chunk in rows.chunks(INSERT_ROWS) {
-        let mut insert: sqlx::QueryBuilder<'_, Sqlite> =
-            sqlx::QueryBuilder::new("INSERT INTO run_events (run_id, seq, kind, at, payload) ");
-        insert.push_values(chunk, |mut row, (id, seq, kind, payload)| {
-            row.push_bind(*id)
-                .push_bind(*seq)
-                .push_bind(*kind)
-                .push_bind(at_us)
-                .push_bind(payload.as_str());
-        });
-        insert.build().execute(&mut *conn).await?;
+    for a in appends.iter_mut() {
+        let placed = in_savepoint(conn, || place_one(conn, a, at_us))?;
+        a.placed = Some(placed.map(|first| (first, at)));
     }
     Ok(())
+}
+
+/// One append; `Ok(first seq)`.
+fn place_one(conn: &Connection, a: &Append, at_us: i64) -> Result<i64, StoreError> {
+    let err = |e: rusqlite::Error| StoreError::from_sqlite(&e);
+    let state = {
+        let mut select = conn
+            .prepare_cached(super::ops::LAST_SEQ_STATE)
+            .map_err(err)?;
+        let mut rows = select.query(params![a.run_id.0]).map_err(err)?;
+        match rows.next().map_err(err)? {
+            None => return Err(StoreError::NotFound { run_id: a.run_id }),
+            Some(row) => {
+                let status: String = row.get(0).map_err(err)?;
+                let fence: i64 = row.get(1).map_err(err)?;
+                let last_seq: i64 = row.get(2).map_err(err)?;
+                (parse_status(&status)?, fence, last_seq)
+            }
+        }
+    };
+    let (status, fence, last_seq) = state;
+    if fence > a.fence_i64 || status.is_terminal() {
+        let current = Fence(to_u64(fence, "fence")?);
+        return Err(diagnose(a.run_id, Some((status, current)), a.fence, true));
+    }
+    let first = last_seq + 1;
+    if a.events.is_empty() {
+        return Ok(first);
+    }
+    {
+        let mut insert = conn
+            .prepare_cached(
+                "INSERT INTO run_events (run_id, seq, kind, at, payload) VALUES (?1, ?2, ?3, ?4, ?5)",
+            )
+            .map_err(err)?;
+        for (i, (e, payload)) in a.events.iter().zip(&a.payloads).enumerate() {
+            insert
+                .execute(params![
+                    a.run_id.0,
+                    first + i as i64,
+                    e.kind,
+                    at_us,
+                    payload
+                ])
+                .map_err(err)?;
+        }
+    }
+    Ok(first)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store_file() -> (tempfile::TempDir, WriterConfig) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("w.db");
+        let conn = Connection::open(&path).expect("create");
+        conn.execute_batch("PRAGMA journal_mode = WAL; CREATE TABLE t (x INTEGER);")
+            .expect("schema");
+        let config = WriterConfig {
+            path,
+            busy_timeout: Duration::from_secs(5),
+        };
+        (dir, config)
+    }
+
+    fn insert(conn: &Connection, x: &i64) -> Result<usize, StoreError> {
+        conn.execute("INSERT INTO t (x) VALUES (?1)", [x])
+            .map_err(|e| sqlite_store_err(&e))
+    }
+
+    fn insert_then_panic(conn: &Connection, x: &i64) -> Result<usize, StoreError> {
+        insert(conn, x)?;
+        panic!("a bug in a request body");
+    }
+
+    fn insert_then_refuse(conn: &Connection, x: &i64) -> Result<usize, StoreError> {
+        insert(conn, x)?;
+        Err(StoreError::permanent("refused after writing"))
+    }
+
+    fn count(conn: &Connection, _: &()) -> Result<i64, StoreError> {
+        conn.query_row("SELECT COUNT(*) FROM t", [], |r| r.get(0))
+            .map_err(|e| sqlite_store_err(&e))
+    }
+
+    #[tokio::test]
+    async fn a_refused_request_leaves_nothing_and_the_others_commit() {
+        let (_dir, config) = store_file();
+        let writer = Writer::spawn(config).expect("spawn");
+        let (a, b, c) = tokio::join!(
+            writer.run(1, insert),
+            writer.run(2, insert_then_refuse),
+            writer.run(3, insert)
+        );
+        assert_eq!(a.expect("first"), 1);
+        assert!(b.is_err());
+        assert_eq!(c.expect("third"), 1);
+        assert_eq!(writer.run((), count).await.expect("count"), 2);
+        writer.close().await;
+    }
+
+    #[tokio::test]
+    async fn a_panicking_request_does_not_stop_the_writer() {
+        let (_dir, config) = store_file();
+        let writer = Writer::spawn(config).expect("spawn");
+        writer.run(1, insert).await.expect("before");
+        let panicked = writer.run(2, insert_then_panic).await;
+        assert!(panicked.is_err(), "the panicking request gets an error");
+        // Its tick was rolled back; the writer still serves requests.
+        writer.run(3, insert).await.expect("after");
+        assert_eq!(writer.run((), count).await.expect("count"), 2);
+        writer.close().await;
+        assert!(writer.run(4, insert).await.is_err(), "closed");
+    }
 }
