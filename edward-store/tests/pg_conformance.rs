@@ -285,3 +285,78 @@ async fn group_commit_isolates_refused_and_failing_appends() {
     }
     cleanup(&*store, &runs).await;
 }
+
+/// Grouped reads: a second store on the same database (another process's,
+/// as the submitter of `--workers` runs is) finds none of the events in its
+/// recent-events cache, so its tailers' reads go through the grouped
+/// reader. Many reads at once — of different runs, the same run from
+/// different seqs, with limits, of an unknown run, past the end — each get
+/// exactly their own page.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grouped_reads_answer_each_read_its_own_page() {
+    use edward_core::testkit::run_store::{admit_fresh, cleanup, event};
+    use edward_core::{Fence, RunId, StoreError};
+    let schema = common::fresh_schema();
+    let url = common::database_url();
+    let connect = || {
+        let options = PgOptions::default()
+            .schema(schema.clone())
+            .store(StoreOptions::default().max_connections(8));
+        PgStore::connect_with(&url, options)
+    };
+    let writer = connect().await.expect("writer store");
+    let reader = Arc::new(connect().await.expect("reader store"));
+    let mut runs = Vec::new();
+    for r in 0..30u64 {
+        let run = admit_fresh(&writer).await;
+        writer.start_run(run.id, Fence(1)).await.expect("start");
+        let events = (0..20 + r).map(|i| event("e", i)).collect();
+        writer
+            .append_events(run.id, Fence(1), events)
+            .await
+            .expect("append");
+        runs.push((run.id, 21 + r)); // + admission's `run_queued`
+    }
+    let reads: Vec<(RunId, u64, usize)> = runs
+        .iter()
+        .flat_map(|&(id, _)| [(id, 0, 512), (id, 5, 3), (id, 19, 512), (id, 1_000, 10)])
+        .collect();
+    let start = Arc::new(tokio::sync::Barrier::new(reads.len() + 1));
+    let mut tasks = Vec::new();
+    for &(run_id, after, limit) in &reads {
+        let (reader, start) = (Arc::clone(&reader), Arc::clone(&start));
+        tasks.push(tokio::spawn(async move {
+            start.wait().await;
+            reader.events_after(run_id, after, limit).await
+        }));
+    }
+    let unknown = {
+        let (reader, start) = (Arc::clone(&reader), Arc::clone(&start));
+        tokio::spawn(async move {
+            start.wait().await;
+            reader.events_after(RunId::new(), 0, 10).await
+        })
+    };
+    for (task, &(run_id, after, limit)) in tasks.into_iter().zip(&reads) {
+        let page = task.await.expect("task").expect("read");
+        let last = runs.iter().find(|r| r.0 == run_id).expect("run").1;
+        let expected: Vec<u64> = (after + 1..=last).take(limit).collect();
+        let seqs: Vec<u64> = page.iter().map(|e| e.seq).collect();
+        assert_eq!(seqs, expected, "run {run_id} after {after} limit {limit}");
+        assert!(page.iter().all(|e| e.run_id == run_id));
+        for e in page.iter().filter(|e| e.seq > 1) {
+            assert_eq!(
+                e.payload["n"].as_u64(),
+                Some(e.seq - 2),
+                "payload of seq {}",
+                e.seq
+            );
+        }
+    }
+    assert!(matches!(
+        unknown.await.expect("task"),
+        Err(StoreError::NotFound { .. })
+    ));
+    let ids: Vec<RunId> = runs.iter().map(|r| r.0).collect();
+    cleanup(&writer, &ids).await;
+}

@@ -11,6 +11,7 @@ mod credentials;
 mod lock;
 mod notifier;
 mod queue;
+mod reader;
 mod store;
 
 use std::str::FromStr;

@@ -59,6 +59,7 @@ use sqlx::postgres::{PgPool, PgRow};
 use uuid::Uuid;
 
 use super::appender::{Appended, Appender, numbered};
+use super::reader::Reader;
 use super::{PgOptions, PgQueue, connect_pool};
 use crate::common::{
     check_append_events, check_finish, checkpoint_from_columns, diagnose, fnv1a64, json_text,
@@ -90,6 +91,9 @@ struct Shared {
     /// The group-commit task, started by the first append (a store may be
     /// built outside a runtime).
     appender: OnceLock<Appender>,
+    /// The grouped-read task for tailers' cache misses, started by the
+    /// first miss.
+    reader: OnceLock<Reader>,
     /// Events this process appended lately, for its own tailers.
     recent: Recent,
 }
@@ -460,6 +464,14 @@ impl RunStore for PgStore {
         limit: usize,
     ) -> Result<Vec<RunEvent>, StoreError> {
         if let Some(events) = self.shared.recent.after(run_id, after_seq, limit) {
+            return Ok(events);
+        }
+        let reader = self.shared.reader.get_or_init(|| Reader::spawn(&self.pool));
+        let grouped = reader.events_after(run_id, after_seq, limit).await?;
+        if let Some(events) = grouped {
+            if events.is_empty() && run_state(&self.pool, run_id).await?.is_none() {
+                return Err(StoreError::NotFound { run_id });
+            }
             return Ok(events);
         }
         let after = i64::try_from(after_seq).unwrap_or(i64::MAX);
