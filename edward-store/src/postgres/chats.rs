@@ -128,52 +128,29 @@ impl PgStore {
         messages: Vec<NewMessage>,
     ) -> Result<(), StoreError> {
         let turn = to_i32(turn, "turn")?;
-        let mut tx = self.pool().begin().await.map_err(store_err)?;
-        let row =
-            sqlx::query("SELECT fence, user_id, chat_id FROM edward_runs WHERE id = $1 FOR SHARE")
+        let roles: Vec<&str> = messages.iter().map(|m| m.role.as_str()).collect();
+        let texts: Vec<&str> = messages.iter().map(|m| m.text.as_str()).collect();
+        let effects: Vec<Option<String>> = messages
+            .iter()
+            .map(|m| effects_json(m.effects.as_ref()))
+            .collect();
+        // One round trip: the lock, the fence check, the delete and the
+        // insert run in `edward_put_messages` (migration 0014).
+        let current: Option<i64> =
+            sqlx::query_scalar("SELECT edward_put_messages($1, $2, $3, $4, $5, $6)")
                 .bind(run_id.0)
-                .fetch_optional(&mut *tx)
+                .bind(to_i64(fence.0, "fence")?)
+                .bind(turn)
+                .bind(&roles)
+                .bind(&texts)
+                .bind(&effects)
+                .fetch_one(self.pool())
                 .await
                 .map_err(store_err)?;
-        let Some(row) = row else {
+        let Some(current) = current else {
             return Err(StoreError::NotFound { run_id });
         };
-        let current = Fence(to_u64(row.try_get(0).map_err(store_err)?, "fence")?);
-        check_fence(run_id, current, fence)?;
-        let user_id: String = row.try_get(1).map_err(store_err)?;
-        let chat_id: String = row.try_get(2).map_err(store_err)?;
-        sqlx::query("DELETE FROM edward_chat_messages WHERE run_id = $1 AND turn >= $2")
-            .bind(run_id.0)
-            .bind(turn)
-            .execute(&mut *tx)
-            .await
-            .map_err(store_err)?;
-        if !messages.is_empty() {
-            let roles: Vec<&str> = messages.iter().map(|m| m.role.as_str()).collect();
-            let texts: Vec<&str> = messages.iter().map(|m| m.text.as_str()).collect();
-            let effects: Vec<Option<String>> = messages
-                .iter()
-                .map(|m| effects_json(m.effects.as_ref()))
-                .collect();
-            sqlx::query(
-                "INSERT INTO edward_chat_messages \
-                   (run_id, user_id, chat_id, turn, idx, role, text, effects) \
-                 SELECT $1, $2, $3, $4, (t.ord - 1)::integer, t.role, t.text, t.effects::json \
-                 FROM unnest($5::text[], $6::text[], $7::text[]) \
-                   WITH ORDINALITY AS t(role, text, effects, ord)",
-            )
-            .bind(run_id.0)
-            .bind(&user_id)
-            .bind(&chat_id)
-            .bind(turn)
-            .bind(&roles)
-            .bind(&texts)
-            .bind(&effects)
-            .execute(&mut *tx)
-            .await
-            .map_err(store_err)?;
-        }
-        tx.commit().await.map_err(store_err)
+        check_fence(run_id, Fence(to_u64(current, "fence")?), fence)
     }
 
     pub(super) async fn read_chat_messages(
