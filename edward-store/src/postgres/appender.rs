@@ -20,10 +20,8 @@ use std::collections::{HashMap, HashSet, VecDeque};
 
 use chrono::{DateTime, Utc};
 use edward_core::{NewEvent, RunEvent, RunId, StoreError};
-use futures::StreamExt;
-use futures::stream::FuturesUnordered;
 use sqlx::Row;
-use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::postgres::PgPool;
 use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
 
@@ -74,10 +72,7 @@ impl Appender {
     /// those seconds, ~250 ms in between; with their own connections,
     /// ~420 ms overall).
     pub(super) fn spawn(pool: PgPool) -> Self {
-        let pool = PgPoolOptions::new()
-            .max_connections(MAX_IN_FLIGHT as u32)
-            .acquire_timeout(pool.options().get_acquire_timeout())
-            .connect_lazy_with((*pool.connect_options()).clone());
+        let pool = super::own_pool(&pool, MAX_IN_FLIGHT as u32);
         let (requests, rx) = mpsc::unbounded_channel();
         tokio::spawn(group_commit(pool, rx));
         Appender { requests }
@@ -105,25 +100,18 @@ impl Appender {
     }
 }
 
-async fn group_commit(pool: PgPool, mut rx: mpsc::UnboundedReceiver<Request>) {
-    // Appends not yet in a tick, in arrival order.
-    let mut waiting: VecDeque<Request> = VecDeque::new();
-    // Runs with an append in a tick in flight (or in the tick being built):
-    // their next append waits, so each run's appends commit in order.
-    let mut busy: HashSet<RunId> = HashSet::new();
-    let mut in_flight = FuturesUnordered::new();
-    let mut open = true;
-    loop {
-        while let Ok(request) = rx.try_recv() {
-            waiting.push_back(request);
-        }
-        while in_flight.len() < MAX_IN_FLIGHT {
-            let tick = take_tick(&mut waiting, &mut busy);
-            if tick.is_empty() {
-                break;
-            }
+async fn group_commit(pool: PgPool, rx: mpsc::UnboundedReceiver<Request>) {
+    // The state: runs with an append in a tick in flight (or in the tick
+    // being built); their next append waits, so each run's appends commit
+    // in order.
+    super::tick_loop(
+        rx,
+        MAX_IN_FLIGHT,
+        HashSet::new(),
+        |busy, waiting| take_tick(waiting, busy),
+        |tick| {
             let pool = pool.clone();
-            in_flight.push(async move {
+            async move {
                 let runs: Vec<RunId> = tick.iter().map(|r| r.run_id).collect();
                 let started = std::time::Instant::now();
                 commit_tick(&pool, tick).await;
@@ -133,30 +121,15 @@ async fn group_commit(pool: PgPool, mut rx: mpsc::UnboundedReceiver<Request>) {
                     "postgres group commit"
                 );
                 runs
-            });
-        }
-        if in_flight.is_empty() {
-            if !open {
-                return;
             }
-            match rx.recv().await {
-                Some(request) => waiting.push_back(request),
-                None => open = false,
+        },
+        |busy, runs| {
+            for run_id in runs {
+                busy.remove(&run_id);
             }
-            continue;
-        }
-        tokio::select! {
-            Some(runs) = in_flight.next() => {
-                for run_id in runs {
-                    busy.remove(&run_id);
-                }
-            }
-            request = rx.recv(), if open => match request {
-                Some(request) => waiting.push_back(request),
-                None => open = false,
-            },
-        }
-    }
+        },
+    )
+    .await;
 }
 
 /// The next tick: waiting appends of runs that are not busy, oldest first,

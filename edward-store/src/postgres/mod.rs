@@ -14,7 +14,11 @@ mod queue;
 mod reader;
 mod store;
 
+use std::collections::VecDeque;
 use std::str::FromStr;
+
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
 
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
@@ -25,6 +29,74 @@ pub use store::PgStore;
 
 use crate::common::StoreOptions;
 use crate::error::ConnectError;
+
+/// A small pool of `connections` of its own, opened (lazily) as `pool`'s
+/// are: for a task whose statements must not queue behind a busy shared
+/// pool (group commit, grouped reads, hints).
+fn own_pool(pool: &PgPool, connections: u32) -> PgPool {
+    PgPoolOptions::new()
+        .max_connections(connections)
+        .acquire_timeout(pool.options().get_acquire_timeout())
+        .connect_lazy_with((*pool.connect_options()).clone())
+}
+
+/// The loop of a task that gathers requests into ticks (group commit,
+/// grouped reads): what is waiting goes to `take`, which returns the next
+/// tick (empty: nothing can go now); up to `max_in_flight` ticks run at
+/// once; each finished tick's output goes to `done`. Ends once every sender
+/// is gone and no tick is in flight.
+async fn tick_loop<R, S, O, F>(
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<R>,
+    max_in_flight: usize,
+    mut state: S,
+    take: impl Fn(&mut S, &mut VecDeque<R>) -> Vec<R>,
+    run: impl Fn(Vec<R>) -> F,
+    done: impl Fn(&mut S, O),
+) where
+    F: std::future::Future<Output = O>,
+{
+    let mut waiting = VecDeque::new();
+    let mut in_flight = FuturesUnordered::new();
+    let mut open = true;
+    loop {
+        while let Ok(request) = rx.try_recv() {
+            waiting.push_back(request);
+        }
+        while in_flight.len() < max_in_flight {
+            let tick = take(&mut state, &mut waiting);
+            if tick.is_empty() {
+                break;
+            }
+            in_flight.push(run(tick));
+        }
+        if in_flight.is_empty() {
+            if !open {
+                return;
+            }
+            open = recv_into(&mut rx, &mut waiting).await;
+            continue;
+        }
+        tokio::select! {
+            Some(out) = in_flight.next() => done(&mut state, out),
+            more = recv_into(&mut rx, &mut waiting), if open => open = more,
+        }
+    }
+}
+
+/// Waits for the next request into `waiting`; `false` once every sender is
+/// gone.
+async fn recv_into<T>(
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<T>,
+    waiting: &mut VecDeque<T>,
+) -> bool {
+    match rx.recv().await {
+        Some(request) => {
+            waiting.push_back(request);
+            true
+        }
+        None => false,
+    }
+}
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
 

@@ -107,10 +107,7 @@ impl PgNotifier {
         ));
         let (outgoing, hints) = mpsc::unbounded_channel();
         // Its own connection: hints must not wait behind a busy shared pool.
-        let sender = PgPoolOptions::new()
-            .max_connections(1)
-            .acquire_timeout(pool.options().get_acquire_timeout())
-            .connect_lazy_with((*pool.connect_options()).clone());
+        let sender = super::own_pool(&pool, 1);
         tokio::spawn(send_loop(
             sender,
             Channel {

@@ -12,13 +12,9 @@
 //! up to [`MAX_IN_FLIGHT`] ticks on connections of their own. Under light
 //! load a tick holds one read and costs what a single read did.
 
-use std::collections::VecDeque;
-
 use edward_core::{RunEvent, RunId, StoreError};
-use futures::StreamExt;
-use futures::stream::FuturesUnordered;
 use sqlx::Row;
-use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::postgres::PgPool;
 use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
 
@@ -50,10 +46,7 @@ impl Reader {
     /// [`MAX_IN_FLIGHT`] connections opened as `pool`'s are (lazily: a
     /// process whose tailers always hit its cache opens none).
     pub(super) fn spawn(pool: &PgPool) -> Self {
-        let pool = PgPoolOptions::new()
-            .max_connections(MAX_IN_FLIGHT as u32)
-            .acquire_timeout(pool.options().get_acquire_timeout())
-            .connect_lazy_with((*pool.connect_options()).clone());
+        let pool = super::own_pool(pool, MAX_IN_FLIGHT as u32);
         let (requests, rx) = mpsc::unbounded_channel();
         tokio::spawn(read_loop(pool, rx));
         Reader { requests }
@@ -85,19 +78,18 @@ impl Reader {
     }
 }
 
-async fn read_loop(pool: PgPool, mut rx: mpsc::UnboundedReceiver<Request>) {
-    let mut waiting: VecDeque<Request> = VecDeque::new();
-    let mut in_flight = FuturesUnordered::new();
-    let mut open = true;
-    loop {
-        while let Ok(request) = rx.try_recv() {
-            waiting.push_back(request);
-        }
-        while in_flight.len() < MAX_IN_FLIGHT && !waiting.is_empty() {
+async fn read_loop(pool: PgPool, rx: mpsc::UnboundedReceiver<Request>) {
+    super::tick_loop(
+        rx,
+        MAX_IN_FLIGHT,
+        (),
+        |(), waiting| {
             let n = waiting.len().min(MAX_BATCH);
-            let tick: Vec<Request> = waiting.drain(..n).collect();
+            waiting.drain(..n).collect()
+        },
+        |tick| {
             let pool = pool.clone();
-            in_flight.push(async move {
+            async move {
                 let started = std::time::Instant::now();
                 let reads = tick.len();
                 read_tick(&pool, tick).await;
@@ -106,26 +98,11 @@ async fn read_loop(pool: PgPool, mut rx: mpsc::UnboundedReceiver<Request>) {
                     micros = started.elapsed().as_micros() as u64,
                     "postgres grouped read"
                 );
-            });
-        }
-        if in_flight.is_empty() {
-            if !open {
-                return;
             }
-            match rx.recv().await {
-                Some(request) => waiting.push_back(request),
-                None => open = false,
-            }
-            continue;
-        }
-        tokio::select! {
-            Some(()) = in_flight.next() => {}
-            request = rx.recv(), if open => match request {
-                Some(request) => waiting.push_back(request),
-                None => open = false,
-            },
-        }
-    }
+        },
+        |(), ()| {},
+    )
+    .await;
 }
 
 /// Each read's own `ORDER BY seq LIMIT` in a lateral subquery, so a tick
