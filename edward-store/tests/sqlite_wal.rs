@@ -117,16 +117,23 @@ async fn the_wal_starts_over_under_continuous_writes() {
         began.elapsed().as_secs_f64(),
         wal >> 20
     );
+    // The writer before the checkpointer thread: one header, never
+    // restarted. Now 5–12 in local runs; how many depends on the timing of
+    // the checkpoint passes against the writer, so the bound is loose.
     assert!(
-        starts >= 3,
+        starts >= 2,
         "the WAL started over {} times while {} MB were written",
         starts.saturating_sub(1),
         total >> 20
     );
-    // Every byte written went through the WAL; a WAL that never started
-    // over would be at least that long.
+    // A WAL that never started over holds every frame ever written (the
+    // writer before the checkpointer thread left 263 MB here: ~4x the
+    // payload). One that starts over keeps its longest cycle's length,
+    // which depends on how far the writer got while the checkpoint passes
+    // caught up: 33–88 MB in local runs, 99 MB once in a clean-clone CI
+    // run.
     assert!(
-        wal < total,
+        wal < total * 3,
         "the WAL file is {} MB after {} MB were written: it does not start over",
         wal >> 20,
         total >> 20
