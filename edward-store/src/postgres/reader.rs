@@ -170,3 +170,63 @@ async fn read_tick(pool: &PgPool, tick: Vec<Request>) {
         let _ = request.reply.send(Some(page));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use edward_core::testkit::run_store::{admit_fresh, event};
+    use edward_core::{Fence, RunStore};
+
+    use super::*;
+    use crate::{PgOptions, PgStore};
+
+    /// The grouped statement itself answers (`Some`), with each read's own
+    /// page: `PgStore::events_after` falls back to single reads when a tick
+    /// fails, so the integration tests alone could not tell a broken tick
+    /// from a working one.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_tick_answers_every_read_itself() {
+        let url = std::env::var("EDWARD_TEST_DATABASE_URL").expect(
+            "EDWARD_TEST_DATABASE_URL is not set: run scripts/test.sh, or scripts/pg.sh start",
+        );
+        let schema = edward_core::testkit::unique("reader").replace('-', "_");
+        let store = PgStore::connect_with(&url, PgOptions::default().schema(schema))
+            .await
+            .expect("connect");
+        let mut runs = Vec::new();
+        for n in 1..=3u64 {
+            let run = admit_fresh(&store).await;
+            store.start_run(run.id, Fence(1)).await.expect("start");
+            let events = (0..n * 4).map(|i| event("e", i)).collect();
+            store
+                .append_events(run.id, Fence(1), events)
+                .await
+                .expect("append");
+            runs.push((run.id, 1 + n * 4));
+        }
+        let reader = Reader::spawn(store.pool());
+        let reads = runs
+            .iter()
+            .map(|&(id, _)| reader.events_after(id, 2, 5))
+            .chain([reader.events_after(RunId::new(), 0, 5)]);
+        let pages = futures::future::join_all(reads).await;
+        for (page, &(id, last)) in pages.iter().zip(&runs) {
+            let page = page
+                .as_ref()
+                .expect("sent")
+                .as_ref()
+                .expect("the tick answered");
+            let seqs: Vec<u64> = page.iter().map(|e| e.seq).collect();
+            assert_eq!(seqs, (3..=last).take(5).collect::<Vec<_>>(), "run {id}");
+            assert!(page.iter().all(|e| e.run_id == id));
+        }
+        let unknown = pages.last().expect("four reads");
+        assert!(
+            unknown
+                .as_ref()
+                .expect("sent")
+                .as_ref()
+                .expect("answered")
+                .is_empty()
+        );
+    }
+}
