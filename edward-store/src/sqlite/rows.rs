@@ -49,25 +49,28 @@ impl Cols for sqlx::sqlite::SqliteRow {
 
 impl Cols for rusqlite::Row<'_> {
     fn int(&self, name: &str) -> Result<i64, StoreError> {
-        self.get(name)
-            .map_err(|e| super::writer::sqlite_store_err(&e))
+        column(self, name)
     }
     fn opt_int(&self, name: &str) -> Result<Option<i64>, StoreError> {
-        self.get(name)
-            .map_err(|e| super::writer::sqlite_store_err(&e))
+        column(self, name)
     }
     fn text(&self, name: &str) -> Result<String, StoreError> {
-        self.get(name)
-            .map_err(|e| super::writer::sqlite_store_err(&e))
+        column(self, name)
     }
     fn opt_text(&self, name: &str) -> Result<Option<String>, StoreError> {
-        self.get(name)
-            .map_err(|e| super::writer::sqlite_store_err(&e))
+        column(self, name)
     }
     fn blob(&self, name: &str) -> Result<Vec<u8>, StoreError> {
-        self.get(name)
-            .map_err(|e| super::writer::sqlite_store_err(&e))
+        column(self, name)
     }
+}
+
+fn column<T: rusqlite::types::FromSql>(
+    row: &rusqlite::Row<'_>,
+    name: &str,
+) -> Result<T, StoreError> {
+    row.get(name)
+        .map_err(|e| super::writer::sqlite_store_err(&e))
 }
 
 /// The columns [`run_from`] reads, as a `SELECT` list over `runs`.
